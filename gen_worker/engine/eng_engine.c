@@ -789,7 +789,8 @@ static int s_batch_add(eng_engine_t *self, s_seq_t *s, int n)
    the token budget left. */
 static int s_schedule_running(eng_engine_t *self, int budget)
 {
-    qsort(self->running.v, (size_t)self->running.n, sizeof(s_seq_t *), s_cmp_admit);
+    if (self->running.n > 1)
+        qsort(self->running.v, (size_t)self->running.n, sizeof(s_seq_t *), s_cmp_admit);
     /* decodes (one pending token) first, then prefill chunks, both oldest first */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < self->running.n && budget > 0; i++) {

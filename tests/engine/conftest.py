@@ -3,21 +3,15 @@
 Models are generated into a temporary directory (never committed): one trained tokenizer is
 shared by all of them so the session pays for training once.
 """
-import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tiny_model  # noqa: E402
-
-REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-BUILD = os.environ.get("ANVIL_BUILD_DIR", os.path.join(REPO, "build"))
-SHARED = os.environ.get("ANVIL_SHARED_DIR", os.path.join(REPO, "..", "shared"))
+from eng_testlib import BUILD, SHARED  # noqa: E402
 
 
 def _binary(name, sub):
@@ -64,21 +58,3 @@ def models(tmp_path_factory, trained_tokenizer):
             return made[name]
 
     return Models()
-
-
-def run_generate(binary, *args, check=True, input=None):
-    p = subprocess.run([binary, *map(str, args)], capture_output=True, text=True, input=input,
-                       timeout=600)
-    if check and p.returncode != 0:
-        raise AssertionError(f"anvil-generate {args} failed ({p.returncode}): {p.stderr}")
-    return p
-
-
-def samples(binary, *args):
-    """Runs anvil-generate --json and returns its sample lines keyed by (id, index)."""
-    p = run_generate(binary, *args, "--json")
-    out = {}
-    for line in p.stdout.rstrip("\n").split("\n") if p.stdout.strip() else []:
-        s = json.loads(line)
-        out[(s["id"], s["index"])] = s
-    return out

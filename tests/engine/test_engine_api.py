@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import BUILD
+from eng_testlib import BUILD
 
 
 @pytest.fixture(scope="module")

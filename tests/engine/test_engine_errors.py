@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from conftest import run_generate
+from eng_testlib import run_generate
 
 
 def _copy(models, tmp_path, name="llama"):

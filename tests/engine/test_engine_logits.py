@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import run_generate, samples
+from eng_testlib import run_generate, samples
 
 MODELS = ["llama", "llama_fp32", "llama_fp16_sharded", "qwen2", "qwen2_untied"]
 LENGTHS = [1, 7, 33, 100]

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from conftest import run_generate, samples
+from eng_testlib import run_generate, samples
 
 
 def _hf_logprobs(d, ids):

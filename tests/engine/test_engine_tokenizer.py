@@ -5,7 +5,7 @@ import json
 import os
 import random
 
-from conftest import SHARED, run_generate
+from eng_testlib import SHARED, run_generate
 
 SPECIAL_IN_TEXT = ["<bos>", "<eos>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<pad>"]
 PIECES = [

@@ -125,7 +125,7 @@ static int s_print_ids(const eng_ids_t *ids, const char *decoded, size_t dlen, b
         putchar('\n');
         return 0;
     }
-    cJSON *arr = cJSON_CreateIntArray(ids->v, ids->n);
+    cJSON *arr = ids->n ? cJSON_CreateIntArray(ids->v, ids->n) : cJSON_CreateArray();
     cJSON *out = arr;
     if (decoded) {
         out = cJSON_CreateObject();
