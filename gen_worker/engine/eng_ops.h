@@ -55,9 +55,9 @@ typedef struct {
 typedef struct eng_backend eng_backend_t;
 
 struct eng_backend {
-    const char *name;       /* "cpu", "cuda" */
-    eng_dtype_t kv_dtype;   /* dtype of the KV pools */
-    void *state;            /* backend private */
+    const char *name;     /* "cpu", "cuda" */
+    eng_dtype_t kv_dtype; /* dtype of the KV pools */
+    void *state;          /* backend private */
 
     /* --- memory ------------------------------------------------------------------------- */
     /* Allocates `bytes` of zeroed backend memory; NULL on failure (logged). */
@@ -78,23 +78,48 @@ struct eng_backend {
     /* --- ops ---------------------------------------------------------------------------- */
     /* out (n_tok, dim) f32 = table[ids[t]] widened to fp32.
        table (vocab, dim) `dtype`; ids (n_tok) host, each in [0, vocab) (checked by caller). */
-    int (*embedding)(eng_backend_t *be, float *out, const void *table, eng_dtype_t dtype,
-                     const int32_t *ids, int n_tok, int dim);
+    int (*embedding)(eng_backend_t *be,
+                     float *out,
+                     const void *table,
+                     eng_dtype_t dtype,
+                     const int32_t *ids,
+                     int n_tok,
+                     int dim);
 
     /* out (n, dim) f32 = x / sqrt(mean(x^2) + eps) * w, the HF LlamaRMSNorm (fp32 math).
        x (n, dim) f32; w (dim) `dtype`. out may equal x. */
-    int (*rmsnorm)(eng_backend_t *be, float *out, const float *x, const void *w,
-                   eng_dtype_t dtype, int n, int dim, float eps);
+    int (*rmsnorm)(eng_backend_t *be,
+                   float *out,
+                   const float *x,
+                   const void *w,
+                   eng_dtype_t dtype,
+                   int n,
+                   int dim,
+                   float eps);
 
     /* Fused residual add + RMSNorm: residual (n, dim) f32 += delta (n, dim) f32, then
        out (n, dim) f32 = rmsnorm(residual) * w. */
-    int (*add_rmsnorm)(eng_backend_t *be, float *out, float *residual, const float *delta,
-                       const void *w, eng_dtype_t dtype, int n, int dim, float eps);
+    int (*add_rmsnorm)(eng_backend_t *be,
+                       float *out,
+                       float *residual,
+                       const float *delta,
+                       const void *w,
+                       eng_dtype_t dtype,
+                       int n,
+                       int dim,
+                       float eps);
 
     /* out (n, out_dim) f32 = x (n, in_dim) f32 @ W^T + bias.
        W (out_dim, in_dim) `dtype` (nn.Linear layout); bias (out_dim) `dtype` or NULL. */
-    int (*matmul)(eng_backend_t *be, float *out, const float *x, const void *w,
-                  const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim);
+    int (*matmul)(eng_backend_t *be,
+                  float *out,
+                  const float *x,
+                  const void *w,
+                  const void *bias,
+                  eng_dtype_t dtype,
+                  int n,
+                  int in_dim,
+                  int out_dim);
 
     /* Rotary embedding in place, HF rotate_half convention (the two halves of each head are
        the pair, not interleaved): for i < head_dim/2, with f = pos * theta^(-2i/head_dim)
@@ -102,14 +127,27 @@ struct eng_backend {
        x[i + d/2] <- x[i + d/2] cos f + x[i] sin f.
        q (n_tok, n_head, head_dim) f32; k (n_tok, n_kv_head, head_dim) f32;
        pos (n_tok) host. */
-    int (*rope)(eng_backend_t *be, float *q, float *k, const int32_t *pos, int n_tok,
-                int n_head, int n_kv_head, int head_dim, float theta);
+    int (*rope)(eng_backend_t *be,
+                float *q,
+                float *k,
+                const int32_t *pos,
+                int n_tok,
+                int n_head,
+                int n_kv_head,
+                int head_dim,
+                float theta);
 
     /* Stores this step's keys and values into the paged pools of one layer.
        k, v (n_tok, n_kv_head, head_dim) f32; k_cache, v_cache (n_blocks, block_size,
        n_kv_head, head_dim) kv_dtype; slots (n_tok) host: cache slot of each token. */
-    int (*kv_store)(eng_backend_t *be, void *k_cache, void *v_cache, const float *k,
-                    const float *v, const int32_t *slots, int n_tok, int n_kv_head,
+    int (*kv_store)(eng_backend_t *be,
+                    void *k_cache,
+                    void *v_cache,
+                    const float *k,
+                    const float *v,
+                    const int32_t *slots,
+                    int n_tok,
+                    int n_kv_head,
                     int head_dim);
 
     /* Causal GQA attention over the paged cache of one layer (K/V of this step already
@@ -117,22 +155,35 @@ struct eng_backend {
        head h reading KV head h / (n_head / n_kv_head). q (n_tok, n_head, head_dim) f32;
        k_cache, v_cache (n_blocks, block_size, n_kv_head, head_dim) kv_dtype; n_tok equals
        batch->q_start[batch->n_seq]. */
-    int (*attention)(eng_backend_t *be, float *out, const float *q, const void *k_cache,
-                     const void *v_cache, const eng_attn_batch_t *batch, int n_head,
-                     int n_kv_head, int head_dim, int block_size);
+    int (*attention)(eng_backend_t *be,
+                     float *out,
+                     const float *q,
+                     const void *k_cache,
+                     const void *v_cache,
+                     const eng_attn_batch_t *batch,
+                     int n_head,
+                     int n_kv_head,
+                     int head_dim,
+                     int block_size);
 
     /* Copies one KV block (all layers' pools are separate calls): pools (n_blocks,
        block_size, n_kv_head, head_dim) kv_dtype; block dst <- block src. Copy-on-write. */
-    int (*copy_block)(eng_backend_t *be, void *k_cache, void *v_cache, int src, int dst,
-                      int block_size, int n_kv_head, int head_dim);
+    int (*copy_block)(eng_backend_t *be,
+                      void *k_cache,
+                      void *v_cache,
+                      int src,
+                      int dst,
+                      int block_size,
+                      int n_kv_head,
+                      int head_dim);
 
     /* out (n, ffn) f32 = silu(gate) * up; gate, up (n, ffn) f32. out may equal gate. */
-    int (*swiglu)(eng_backend_t *be, float *out, const float *gate, const float *up, int n,
-                  int ffn);
+    int (*swiglu)(
+        eng_backend_t *be, float *out, const float *gate, const float *up, int n, int ffn);
 
     /* out (n_rows, dim) f32 = x[rows[r]]; x (n_tok, dim) f32; rows (n_rows) host. */
-    int (*gather_rows)(eng_backend_t *be, float *out, const float *x, const int32_t *rows,
-                       int n_rows, int dim);
+    int (*gather_rows)(
+        eng_backend_t *be, float *out, const float *x, const int32_t *rows, int n_rows, int dim);
 
     /* out (n, vocab) f32 = log_softmax(logits) per row (max-subtracted, fp32 sums in double
        on the CPU). out may equal logits. */

@@ -67,7 +67,7 @@ void eng_buf_release(eng_buf_t *b)
 
 typedef struct {
     uint64_t hash;
-    size_t off;   /* into arena; (size_t)-1 = empty */
+    size_t off; /* into arena; (size_t)-1 = empty */
     uint32_t len;
     int32_t value;
 } s_slot_t;

@@ -22,7 +22,7 @@ int eng_ids_append(eng_ids_t *a, const int32_t *x, int n);
 void eng_ids_release(eng_ids_t *a);
 
 typedef struct {
-    char *p;     /* always NUL-terminated when non-NULL */
+    char *p; /* always NUL-terminated when non-NULL */
     size_t n, cap;
 } eng_buf_t;
 

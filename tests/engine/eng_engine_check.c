@@ -22,8 +22,7 @@ static void s_drain(eng_engine_t *e, int *n_out)
         printf("{\"id\":\"%s\",\"index\":%d,\"finish\":\"%s\",\"version\":%llu,"
                "\"first_version\":%llu,\"tokens\":[",
                s->request_id, s->index, eng_finish_name(s->finish),
-               (unsigned long long)s->weight_version,
-               (unsigned long long)s->weight_version_first);
+               (unsigned long long)s->weight_version, (unsigned long long)s->weight_version_first);
         for (int i = 0; i < s->n_tokens; i++)
             printf("%s%d", i ? "," : "", s->tokens[i]);
         printf("]}\n");
@@ -47,9 +46,15 @@ static int s_run(eng_engine_t *e, int *n_out)
 static eng_request_t s_greedy(const char *id, int max_tokens)
 {
     static const int32_t prompt[] = {5, 17, 300, 42, 7};
-    eng_request_t r = {.request_id = id, .prompt_ids = prompt, .n_prompt_ids = 5, .n = 2,
-                       .max_tokens = max_tokens, .sampling = {0, 0, 1, 0, 0},
-                       .has_seed = true, .seed = 1, .ignore_eos = true};
+    eng_request_t r = {.request_id = id,
+                       .prompt_ids = prompt,
+                       .n_prompt_ids = 5,
+                       .n = 2,
+                       .max_tokens = max_tokens,
+                       .sampling = {0, 0, 1, 0, 0},
+                       .has_seed = true,
+                       .seed = 1,
+                       .ignore_eos = true};
     return r;
 }
 

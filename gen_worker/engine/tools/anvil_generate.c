@@ -28,10 +28,9 @@
 #include "eng_engine.h"
 
 typedef struct {
-    char *model, *prompt, *prompts, *tokenize, *tokenize_jsonl, *backend, *seed, *stop,
-        *log_level;
-    int64_t max_tokens, top_k, n, threads, block_size, kv_blocks, max_batch_tokens,
-        max_context, top_logprobs;
+    char *model, *prompt, *prompts, *tokenize, *tokenize_jsonl, *backend, *seed, *stop, *log_level;
+    int64_t max_tokens, top_k, n, threads, block_size, kv_blocks, max_batch_tokens, max_context,
+        top_logprobs;
     double temperature, top_p, min_p;
     bool chat, json, ignore_eos, no_prefix_sharing;
 } s_args_t;
@@ -42,8 +41,11 @@ static char *s_utf8_lossy(const char *s, size_t n)
     eng_buf_t out = {0};
     const unsigned char *p = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
-        int len = p[i] < 0x80 ? 1 : (p[i] >> 5) == 6 ? 2 : (p[i] >> 4) == 14 ? 3
-                : (p[i] >> 3) == 30 ? 4 : 0;
+        int len = p[i] < 0x80         ? 1
+                  : (p[i] >> 5) == 6  ? 2
+                  : (p[i] >> 4) == 14 ? 3
+                  : (p[i] >> 3) == 30 ? 4
+                                      : 0;
         bool ok = len > 0 && i + (size_t)len <= n;
         for (int k = 1; ok && k < len; k++)
             ok = (p[i + k] & 0xc0) == 0x80;
@@ -183,8 +185,12 @@ static int s_tokenize_file(eng_engine_t *e, const char *path, bool chat)
     return rc;
 }
 
-static int s_submit_line(eng_engine_t *e, const s_args_t *a, eng_request_t base,
-                         const char *line, size_t len, int lineno)
+static int s_submit_line(eng_engine_t *e,
+                         const s_args_t *a,
+                         eng_request_t base,
+                         const char *line,
+                         size_t len,
+                         int lineno)
 {
     char err[256] = "", id[48];
     cJSON *j = cJSON_ParseWithLength(line, len);
@@ -312,8 +318,8 @@ static int s_generate(eng_engine_t *e, const s_args_t *a, eng_request_t base)
              st.generated_tokens, secs, secs > 0 ? (double)st.generated_tokens / secs : 0.0,
              st.processed_tokens, steps, st.peak_blocks, st.total_blocks,
              (double)st.peak_blocks * (double)st.bytes_per_block / 1048576.0,
-             (double)st.total_blocks * (double)st.bytes_per_block / 1048576.0,
-             st.bytes_per_block, st.preemptions);
+             (double)st.total_blocks * (double)st.bytes_per_block / 1048576.0, st.bytes_per_block,
+             st.preemptions);
     return 0;
 }
 
@@ -327,8 +333,8 @@ int main(int argc, char **argv)
         {"prompts", ANV_CFG_STR, "", 0, 0, "JSONL file of prompts ('-' = stdin)", &a.prompts,
          false},
         {"chat", ANV_CFG_BOOL, "false", 0, 0, "apply the chat template", &a.chat, false},
-        {"max-tokens", ANV_CFG_INT, "128", 1, 1 << 24, "tokens per sample at most",
-         &a.max_tokens, false},
+        {"max-tokens", ANV_CFG_INT, "128", 1, 1 << 24, "tokens per sample at most", &a.max_tokens,
+         false},
         {"temperature", ANV_CFG_DOUBLE, "1.0", 0, 100, "0 = greedy", &a.temperature, false},
         {"top-p", ANV_CFG_DOUBLE, "1.0", 1e-6, 1, "nucleus mass", &a.top_p, false},
         {"top-k", ANV_CFG_INT, "0", 0, 1 << 24, "0 = off", &a.top_k, false},
@@ -340,19 +346,17 @@ int main(int argc, char **argv)
         {"top-logprobs", ANV_CFG_INT, "0", 0, ENG_MAX_TOP_LOGPROBS, "top logprobs per token",
          &a.top_logprobs, false},
         {"backend", ANV_CFG_STR, "cpu", 0, 0, "cpu or cuda", &a.backend, false},
-        {"threads", ANV_CFG_INT, "0", 0, 1024, "CPU threads (0 = one per core)", &a.threads,
-         false},
+        {"threads", ANV_CFG_INT, "0", 0, 1024, "CPU threads (0 = one per core)", &a.threads, false},
         {"block-size", ANV_CFG_INT, "16", 1, 1024, "KV block tokens", &a.block_size, false},
-        {"kv-blocks", ANV_CFG_INT, "0", 0, 1 << 24, "KV blocks (0 = 256 MiB worth)",
-         &a.kv_blocks, false},
+        {"kv-blocks", ANV_CFG_INT, "0", 0, 1 << 24, "KV blocks (0 = 256 MiB worth)", &a.kv_blocks,
+         false},
         {"max-batch-tokens", ANV_CFG_INT, "2048", 1, 1 << 20, "tokens per step",
          &a.max_batch_tokens, false},
         {"max-context", ANV_CFG_INT, "0", 0, 1 << 24, "0 = the model's", &a.max_context, false},
-        {"no-prefix-sharing", ANV_CFG_BOOL, "false", 0, 0,
-         "prefill each sample separately", &a.no_prefix_sharing, false},
+        {"no-prefix-sharing", ANV_CFG_BOOL, "false", 0, 0, "prefill each sample separately",
+         &a.no_prefix_sharing, false},
         {"json", ANV_CFG_BOOL, "false", 0, 0, "one JSON line per sample", &a.json, false},
-        {"tokenize", ANV_CFG_STR, "", 0, 0, "print the ids of TEXT and exit", &a.tokenize,
-         false},
+        {"tokenize", ANV_CFG_STR, "", 0, 0, "print the ids of TEXT and exit", &a.tokenize, false},
         {"tokenize-jsonl", ANV_CFG_STR, "", 0, 0, "ids and decode of each line of FILE",
          &a.tokenize_jsonl, false},
         {"log-level", ANV_CFG_STR, "info", 0, 0, "error|warn|info|debug", &a.log_level, false},
