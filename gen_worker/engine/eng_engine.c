@@ -451,6 +451,8 @@ int eng_engine_submit(eng_engine_t *self, const eng_request_t *r, char *err, siz
     eng_ids_t p = {0};
     if (r->prompt_ids) {
         rc = eng_ids_append(&p, r->prompt_ids, r->n_prompt_ids);
+    } else if (r->prompt_text && r->prompt_len && !r->chat) {
+        rc = eng_chat_raw(self->tok, r->prompt_text, r->prompt_len, &p);
     } else if (r->prompt_text) {
         rc = eng_engine_encode_prompt(self, r->prompt_text, r->chat, &p);
         if (rc == ANV_EFORMAT)

@@ -55,8 +55,10 @@ typedef struct {
     const int32_t *prompt_ids; /* the prompt as ids, or NULL and prompt_text */
     int n_prompt_ids;
     const char *prompt_text;
-    bool chat; /* prompt_text is a user message for the chat template */
-    int n;     /* samples, >= 1 */
+    size_t prompt_len; /* bytes of prompt_text; 0 = strlen (raw mode only: chat
+                          content is a C string) */
+    bool chat;         /* prompt_text is a user message for the chat template */
+    int n;             /* samples, >= 1 */
     eng_sampling_t sampling;
     int max_tokens; /* >= 1 */
     bool has_seed;

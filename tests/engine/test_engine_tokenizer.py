@@ -4,6 +4,9 @@ import glob
 import json
 import os
 import random
+import shutil
+
+import pytest
 
 from eng_testlib import SHARED, run_generate
 
@@ -16,6 +19,7 @@ PIECES = [
     "العربية", "עברית", "हिन्दी", "ไทย", "🚀", "👩‍💻", "🇫🇷", "👍🏽", "❤️", "🧑‍🤝‍🧑", "∑∫√",
     "٣٤٥", "３４５", "¼", "Ⅻ", "\u00a0", "\u3000", "\u2028", "\u200b", "\u0301", "e\u0301",
     "\u00ad", "\ufeff", "\U0001d400", "~~~", "###", "```python\n", "</s>", "<eo", "<<eos>>",
+    "\x1b[0m", "\x7f", "\x0c", "\\n", "\"quoted\"",
 ]
 
 
@@ -60,10 +64,35 @@ def _random_strings(rng, n):
     return out
 
 
-def test_tokenizer_matches_hf(generate_bin, models, tmp_path):
+VARIANTS = {
+    "seed-coder": None,  # as trained: Split(digits one by one) + ByteLevel(use_regex false)
+    "ignore-merges": lambda tj: tj["model"].update(ignore_merges=True),
+    "gpt2": lambda tj: tj.update(pre_tokenizer={
+        "type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}),
+    "digits": lambda tj: tj.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": True}]}),
+}
+
+
+def _variant(models, name, tmp_path):
+    d = models["llama"]
+    if VARIANTS[name] is None:
+        return d
+    v = tmp_path / name
+    shutil.copytree(d, v)
+    tj = json.load(open(v / "tokenizer.json"))
+    VARIANTS[name](tj)
+    json.dump(tj, open(v / "tokenizer.json", "w"))
+    return str(v)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_tokenizer_matches_hf(variant, generate_bin, models, tmp_path):
     from tokenizers import Tokenizer
 
-    d = models["llama"]
+    d = _variant(models, variant, tmp_path)
     hf = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     rng = random.Random(1234)
     strings = _code_strings(rng) + _random_strings(rng, 7000)
@@ -83,12 +112,22 @@ def test_tokenizer_matches_hf(generate_bin, models, tmp_path):
         want = hf.encode(s, add_special_tokens=False).ids
         if got["ids"] != want:
             mismatched.append((s, got["ids"], want))
-        if got["decoded"] != s or hf.decode(got["ids"], skip_special_tokens=False) != s:
+        # add_prefix_space (gpt2 variant) adds a space by design: there decode == HF's decode
+        want_text = hf.decode(want, skip_special_tokens=False) if variant == "gpt2" else s
+        if got["decoded"] != want_text or hf.decode(got["ids"], skip_special_tokens=False) != want_text:
             undecoded.append(s)
-    print(f"{len(strings)} strings: {len(mismatched)} id mismatches, {len(undecoded)} decode "
+    print(f"{variant}: {len(strings)} strings: {len(mismatched)} id mismatches, {len(undecoded)} decode "
           f"mismatches")
     assert not mismatched, f"first mismatches: {mismatched[:3]}"
     assert not undecoded, f"first: {undecoded[:3]!r}"
+
+
+def test_nul_in_jsonl_refused(generate_bin, models, tmp_path):
+    path = tmp_path / "nul.jsonl"
+    path.write_text('"ok"\n"a\\u0000b"\n')
+    p = run_generate(generate_bin, "--model", models["llama"], "--tokenize-jsonl", path,
+                     check=False)
+    assert p.returncode == 2 and "line 2" in p.stderr and "NUL" in p.stderr
 
 
 def test_tokenize_cli_json(generate_bin, models):
@@ -130,6 +169,29 @@ def test_chat_templates_match_transformers(generate_bin, models):
             want = _hf_chat_ids(d, [{"role": "user", "content": content}])
             assert got == want, (name, content, got, want)
             assert family in p.stderr
+
+
+SEED_INSTRUCT_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}"
+    "{{ bos_token + 'system\\nYou are an AI programming assistant. Answer briefly.' + eos_token }}"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{{ bos_token + message['role'] + '\\n' + message['content'] + eos_token }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ bos_token + 'assistant\\n' }}{% endif %}"
+)
+
+
+def test_seed_coder_instruct_default_system(generate_bin, models, tmp_path):
+    d = tmp_path / "instruct"
+    shutil.copytree(models["llama"], d)
+    cfg = json.load(open(d / "tokenizer_config.json"))
+    cfg["chat_template"] = SEED_INSTRUCT_TEMPLATE
+    json.dump(cfg, open(d / "tokenizer_config.json", "w"))
+    p = run_generate(generate_bin, "--model", d, "--tokenize", "sort a list", "--chat", "--json")
+    assert "seed-coder-instruct" in p.stderr
+    got = json.loads(p.stdout)
+    assert got == _hf_chat_ids(str(d), [{"role": "user", "content": "sort a list"}])
 
 
 def test_no_double_bos(generate_bin, models):

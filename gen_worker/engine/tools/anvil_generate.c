@@ -35,48 +35,45 @@ typedef struct {
     bool chat, json, ignore_eos, no_prefix_sharing;
 } s_args_t;
 
-/* Appends s to out as JSON-safe UTF-8: invalid sequences become U+FFFD. */
-static char *s_utf8_lossy(const char *s, size_t n)
+/* s[0, n) as a quoted JSON string (caller frees): repaired to valid UTF-8 (U+FFFD), and
+   escaped byte by byte, so an embedded NUL survives as \u0000 (cJSON's strings stop there).
+   NULL when out of memory. */
+static char *s_json_text(const char *s, size_t n)
 {
-    eng_buf_t out = {0};
-    const unsigned char *p = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        int len = p[i] < 0x80         ? 1
-                  : (p[i] >> 5) == 6  ? 2
-                  : (p[i] >> 4) == 14 ? 3
-                  : (p[i] >> 3) == 30 ? 4
-                                      : 0;
-        bool ok = len > 0 && i + (size_t)len <= n;
-        for (int k = 1; ok && k < len; k++)
-            ok = (p[i + k] & 0xc0) == 0x80;
-        if (ok && len > 1) { /* reject overlong forms, surrogates, > U+10FFFF */
-            unsigned cp = p[i] & (0x7f >> len);
-            for (int k = 1; k < len; k++)
-                cp = (cp << 6) | (p[i + k] & 0x3f);
-            ok = !((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-                   (len == 4 && cp < 0x10000) || (cp >= 0xd800 && cp < 0xe000) || cp > 0x10ffff);
-        }
-        if (ok) {
-            eng_buf_append(&out, s + i, (size_t)len);
-            i += (size_t)len;
+    eng_buf_t u = {0}, out = {0};
+    int rc = eng_utf8_lossy(s, n, &u);
+    rc = rc ? rc : eng_buf_append(&out, "\"", 1);
+    for (size_t i = 0; i < u.n && !rc; i++) {
+        unsigned char c = (unsigned char)u.p[i];
+        char esc[8];
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)c;
+            rc = eng_buf_append(&out, esc, 2);
+        } else if (c < 0x20) {
+            snprintf(esc, sizeof(esc), "\\u%04x", c);
+            rc = eng_buf_append(&out, esc, 6);
         } else {
-            eng_buf_append(&out, "\xef\xbf\xbd", 3);
-            i++;
+            rc = eng_buf_append(&out, &u.p[i], 1);
         }
     }
-    eng_buf_append(&out, "", 0);
+    rc = rc ? rc : eng_buf_append(&out, "\"", 1);
+    eng_buf_release(&u);
+    if (rc)
+        eng_buf_release(&out);
     return out.p;
 }
 
 static void s_print_sample(const eng_sample_t *s, bool json)
 {
-    char *text = s_utf8_lossy(s->text, s->text_len);
     if (!json) {
-        printf("--- %s #%d (%s, %d tokens)\n%s\n", s->request_id, s->index,
-               eng_finish_name(s->finish), s->n_tokens, text ? text : "");
-        free(text);
+        printf("--- %s #%d (%s, %d tokens)\n", s->request_id, s->index, eng_finish_name(s->finish),
+               s->n_tokens);
+        fwrite(s->text, 1, s->text_len, stdout);
+        putchar('\n');
         return;
     }
+    char *text = s_json_text(s->text, s->text_len);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", s->request_id);
     cJSON_AddNumberToObject(o, "index", s->index);
@@ -92,7 +89,7 @@ static void s_print_sample(const eng_sample_t *s, bool json)
         snprintf(num, sizeof(num), "%.9g", (double)s->logprobs[i]);
         cJSON_AddItemToArray(lps, cJSON_CreateRaw(num));
     }
-    cJSON_AddStringToObject(o, "text", text ? text : "");
+    cJSON_AddRawToObject(o, "text", text ? text : "\"\"");
     cJSON_AddStringToObject(o, "finish_reason", eng_finish_name(s->finish));
     cJSON_AddNumberToObject(o, "weight_version", (double)s->weight_version);
     if (s->n_top && s->top) {
@@ -119,6 +116,19 @@ static void s_print_sample(const eng_sample_t *s, bool json)
     free(text);
 }
 
+/* True when a JSON line escapes a NUL character (an odd run of backslashes before u0000). */
+static bool s_has_nul_escape(const char *line)
+{
+    for (const char *p = strstr(line, "u0000"); p; p = strstr(p + 1, "u0000")) {
+        int bs = 0;
+        for (const char *q = p - 1; q >= line && *q == '\\'; q--)
+            bs++;
+        if (bs % 2 == 1)
+            return true;
+    }
+    return false;
+}
+
 static int s_print_ids(const eng_ids_t *ids, const char *decoded, size_t dlen, bool json)
 {
     if (!json) {
@@ -132,8 +142,8 @@ static int s_print_ids(const eng_ids_t *ids, const char *decoded, size_t dlen, b
     if (decoded) {
         out = cJSON_CreateObject();
         cJSON_AddItemToObject(out, "ids", arr);
-        char *t = s_utf8_lossy(decoded, dlen);
-        cJSON_AddStringToObject(out, "decoded", t ? t : "");
+        char *t = s_json_text(decoded, dlen);
+        cJSON_AddRawToObject(out, "decoded", t ? t : "\"\"");
         free(t);
     }
     char *line = cJSON_PrintUnformatted(out);
@@ -160,7 +170,10 @@ static int s_tokenize_file(eng_engine_t *e, const char *path, bool chat)
         lineno++;
         cJSON *j = cJSON_ParseWithLength(line, (size_t)n);
         const cJSON *t = cJSON_IsString(j) ? j : cJSON_GetObjectItemCaseSensitive(j, "text");
-        if (!cJSON_IsString(t)) {
+        if (s_has_nul_escape(line)) {
+            ANV_ERROR("'%s' line %d: NUL characters (\\u0000) are not supported", path, lineno);
+            rc = 2;
+        } else if (!cJSON_IsString(t)) {
             ANV_ERROR("'%s' line %d: not a JSON string or {\"text\": ...}", path, lineno);
             rc = 2;
         } else {
@@ -198,6 +211,10 @@ static int s_submit_line(eng_engine_t *e,
     int rc = 2;
     if (!cJSON_IsObject(j)) {
         ANV_ERROR("prompts line %d: not a JSON object", lineno);
+        goto out;
+    }
+    if (s_has_nul_escape(line)) { /* cJSON's strings would end there, silently */
+        ANV_ERROR("prompts line %d: NUL characters (\\u0000) are not supported", lineno);
         goto out;
     }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
