@@ -7,10 +7,11 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="${ANVIL_BUILD_DIR:-$repo/build}"
 "$repo/deploy/install-deps.sh"
 export PATH="/usr/local/cuda/bin:$PATH"
-cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build.cmake.log" 2>&1 ||
-    { cat "$build.cmake.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" >"$build.build.log" 2>&1 ||
-    { grep -E "error|Error" "$build.build.log" | head -50; exit 1; }
+mkdir -p "$build"
+cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/cmake.log" 2>&1 ||
+    { cat "$build/cmake.log"; exit 1; }
+cmake --build "$build" -j"$(nproc)" >"$build/build.log" 2>&1 ||
+    { grep -E "error|Error" "$build/build.log" | head -50; exit 1; }
 if [ ! -x "$build/cli/anvil" ]; then
     echo "demo.sh: the anvil CLI is not built yet (issue 6 has not landed): there is no demo to run" >&2
     exit 1

@@ -24,15 +24,16 @@ done
 
 "$repo/deploy/install-deps.sh" || { echo "0 passed, 1 failed"; exit 1; }
 export PATH="/usr/local/cuda/bin:$PATH"
+mkdir -p "$build"
 
 cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DANVIL_SANITIZE="$sanitize" \
-    >"$build.cmake.log" 2>&1 || { cat "$build.cmake.log"; echo "0 passed, 1 failed"; exit 1; }
-if ! cmake --build "$build" -j"$(nproc)" >"$build.build.log" 2>&1; then
-    grep -E "error|Error" "$build.build.log" | head -50
+    >"$build/cmake.log" 2>&1 || { cat "$build/cmake.log"; echo "0 passed, 1 failed"; exit 1; }
+if ! cmake --build "$build" -j"$(nproc)" >"$build/build.log" 2>&1; then
+    grep -E "error|Error" "$build/build.log" | head -50
     echo "0 passed, 1 failed"
     exit 1
 fi
-echo "build: ok ($(grep -c 'Built target' "$build.build.log") targets)"
+echo "build: ok ($(grep -c 'Built target' "$build/build.log") targets)"
 
 results="$build/test-results"
 rm -rf "$results" && mkdir -p "$results"
