@@ -62,12 +62,12 @@ static bool s_dataset(const char *given, char *out, size_t len)
 #ifdef ANVIL_SOURCE_DIR
     snprintf(cands[n++], sizeof cands[0], "%s/../shared/datasets/kernelbench", ANVIL_SOURCE_DIR);
 #endif
-    snprintf(cands[n++], sizeof cands[0], "%s/../share/anvil/datasets/kernelbench", self);
+    snprintf(cands[n++], sizeof cands[0], "%.1900s/../share/anvil/datasets/kernelbench", self);
     for (int i = 0; i < n; i++) {
         char lvl[2100];
-        snprintf(lvl, sizeof lvl, "%s/level1", cands[i]);
+        snprintf(lvl, sizeof lvl, "%.2047s/level1", cands[i]);
         if (access(lvl, R_OK) == 0) {
-            snprintf(out, len, "%s", cands[i]);
+            snprintf(out, len, "%.2047s", cands[i]);
             return true;
         }
     }
