@@ -108,7 +108,7 @@ static int s_get_number(const cJSON *o, const char *key, double lo, double hi, b
         return 0;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo ||
         v->valuedouble > hi || (integer && v->valuedouble != floor(v->valuedouble))) {
-        snprintf(err, errlen, "'%s' must be %s in [%g, %g]", key, integer ? "an integer" : "a number",
+        snprintf(err, errlen, "'%s' must be %s in [%.15g, %.15g]", key, integer ? "an integer" : "a number",
                  lo, hi);
         return ANV_EFORMAT;
     }
