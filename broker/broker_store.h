@@ -46,6 +46,8 @@ const char *broker_store_errstr(const broker_store_t *self);
 bool broker_store_connected(const broker_store_t *self);
 /* Script calls made and Redis round trips, for metrics. */
 uint64_t broker_store_calls(const broker_store_t *self);
+/* Logs, per script operation, the calls made and their summed round-trip time. */
+void broker_store_log_ops(const broker_store_t *self);
 
 /* Argument vectors. reset() starts a new call for operation `op`. */
 broker_args_t *broker_args_new(void);
