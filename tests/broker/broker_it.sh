@@ -34,8 +34,20 @@ trap cleanup EXIT
 fail() { echo "FAIL [$scenario]: $*"; exit 1; }
 pass() { echo "PASS [$scenario]: $*"; }
 
-pick_port() { echo $(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 )); }
-RPORT=$(pick_port); CPORT=$(pick_port); WPORT=$(pick_port)
+pick_port() { # a free loopback port, not one of those already picked
+    local p
+    while :; do
+        p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
+        ss -Htln 2>/dev/null | awk '{print $4}' | grep -q ":$p\$" && continue
+        [[ " ${PICKED:-} " == *" $p "* ]] && continue
+        PICKED="${PICKED:-} $p"
+        echo $p
+        return
+    done
+}
+PICKED=
+RPORT=$(pick_port); PICKED="$RPORT"; CPORT=$(pick_port); PICKED="$PICKED $CPORT"
+WPORT=$(pick_port)
 CEP=tcp://127.0.0.1:$CPORT
 WEP=tcp://127.0.0.1:$WPORT
 HB=200
