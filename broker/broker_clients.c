@@ -115,6 +115,12 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
     bool strict = b->cfg.strict;
     if (req->spec && !(req->job_id && req->job_id[0])) {
         strict = strict || req->spec->durability == ANVIL__DURABILITY__DURABILITY_STRICT;
+        /* settings can change at runtime (CONFIG SET): look again for each strict job */
+        if (strict && (broker_store_check_durability(b->store, false) != 0 ||
+                       !broker_store_can_strict(b->store))) {
+            rc = ANV_EUNSUPPORTED;
+            goto out;
+        }
         rc = s_create(b, req->spec, job_id, &existing);
         if (rc != 0)
             goto out;
@@ -211,7 +217,9 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
 out:
     if (rc != 0)
         s_error(b, id, rid, rc, rc == ANV_EPROTO ? "submit needs a spec or a job id" :
-                rc == ANV_ETOOBIG ? "chunk or n too large" : broker_store_errstr(b->store));
+                rc == ANV_ETOOBIG ? "chunk or n too large" :
+                rc == ANV_EUNSUPPORTED ? "strict durability needs WAITAOF (redis >= 7.2) or "
+                                         "appendfsync always" : broker_store_errstr(b->store));
     for (size_t i = 0; bufs && i < req->n_tasks; i++)
         free(bufs[i]);
     free(bufs);

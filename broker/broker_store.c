@@ -39,6 +39,7 @@ struct broker_store_t {
     char sha[41];
     bool loaded;
     bool waitaof;
+    bool fsync_always; /* appendonly yes + appendfsync always */
     int err;
     char errstr[160];
     uint64_t calls;
@@ -358,6 +359,7 @@ int broker_store_check_durability(broker_store_t *self, bool strict)
     char aof[16], fsync[16];
     s_config(self, "appendonly", aof, sizeof aof);
     s_config(self, "appendfsync", fsync, sizeof fsync);
+    self->fsync_always = !strcmp(aof, "yes") && !strcmp(fsync, "always");
     ANV_INFO("redis %s: appendonly=%s appendfsync=%s waitaof=%s", ver, aof, fsync,
              self->waitaof ? "yes" : "no");
     if (strcmp(aof, "yes") != 0) {
@@ -382,6 +384,11 @@ int broker_store_check_durability(broker_store_t *self, bool strict)
 bool broker_store_has_waitaof(const broker_store_t *self)
 {
     return self->waitaof;
+}
+
+bool broker_store_can_strict(const broker_store_t *self)
+{
+    return self->waitaof || self->fsync_always;
 }
 
 int broker_store_wait_durable(broker_store_t *self, int timeout_ms)

@@ -30,6 +30,8 @@ void broker_store_destroy(broker_store_t **self_p);
 int broker_store_check_durability(broker_store_t *self, bool strict);
 /* True when the server has WAITAOF (Redis >= 7.2), known after check_durability. */
 bool broker_store_has_waitaof(const broker_store_t *self);
+/* True when strict writes are possible: WAITAOF, or AOF with appendfsync always. */
+bool broker_store_can_strict(const broker_store_t *self);
 /* Blocks until the writes made so far are fsynced to the local AOF (WAITAOF 1 0 timeout) when
    the server has WAITAOF; with appendfsync always they already are. Returns 0, ANV_ETIMEOUT
    or ANV_EREDIS. */

@@ -151,7 +151,16 @@ resubmit)
     grep -q "accepted 0 skipped 50 existing 1" <<<"$out" || fail "re-submit: $out"
     [ "$(rc hlen "anv:job:$j:tasks")" = 50 ] || fail "tasks stored twice"
     exactly_once "$j" 50
-    pass "re-submit with the same key and custom ids queued nothing twice"
+    # strict durability: refused under appendfsync everysec on redis 7.0, accepted under always
+    if client submit --tasks 3 --strict >"$D/strict.out" 2>&1; then
+        [ "$(rc config get appendfsync | tail -1)" = always ] || fail "strict accepted under everysec"
+    else
+        grep -q "strict durability needs" "$D/strict.out" || fail "strict refusal: $(cat "$D/strict.out")"
+    fi
+    rc config set appendfsync always >/dev/null
+    out=$(client submit --tasks 3 --strict)
+    grep -q "accepted 3" <<<"$out" || fail "strict submit under appendfsync always: $out"
+    pass "re-submit with the same key and custom ids queued nothing twice; strict durability checked"
     ;;
 watch)
     j=$(submit --tasks 20)
