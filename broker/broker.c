@@ -298,5 +298,6 @@ int broker_run(broker_t *b)
     ANV_INFO("broker stopping");
     broker_commit(b);
     s_publish_metrics(b);
+    broker_store_log_ops(b->store);
     return 0;
 }

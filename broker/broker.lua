@@ -305,9 +305,10 @@ local function op_complete(a)
             a[b + 5], a[b + 6], a[b + 7]
         local J = jobs[j]
         if not J then
-            local v = redis.call('HMGET', jk(j), 'state', 'score', 'tasks', 'n', 'tn_any')
+            local v = redis.call('HMGET', jk(j), 'state', 'score', 'tasks', 'n', 'tn_any',
+                                 'dead')
             J = {st = v[1], score = (v[2] == '1'), tasks = num(v[3], 0), n = num(v[4], 1),
-                 tn_any = v[5], gen = 0, failed = 0, term = 0, tok = 0, scored = 0,
+                 tn_any = v[5], anydead = num(v[6], 0) > 0, gen = 0, failed = 0, term = 0, tok = 0, scored = 0,
                  correct = 0, spd = 0, xq = {}}
             jobs[j] = J
             order[#order + 1] = j
@@ -321,8 +322,8 @@ local function op_complete(a)
         elseif num(t, -1) < 0 or num(t, -1) >= J.tasks or num(s, -1) < 0 or
             num(s, -1) >= samples_of(j, t, J.n, J.tn_any) then
             invalid = invalid + 1
-        elseif redis.call('HEXISTS', jk(j, 'dead'), f) == 1 then
-            dups = dups + 1
+        elseif J.anydead and redis.call('HEXISTS', jk(j, 'dead'), f) == 1 then
+            dups = dups + 1 -- dead-lettered meanwhile: its record stands
         elseif kind == 'g' then
             if redis.call('HSETNX', jk(j, 'res'), f, pl) == 1 then
                 local tok, failed = string.match(info, '^(%d+) (%d)$')

@@ -115,6 +115,12 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
     bool strict = b->cfg.strict;
     if (req->spec && !(req->job_id && req->job_id[0])) {
         strict = strict || req->spec->durability == ANVIL__DURABILITY__DURABILITY_STRICT;
+        /* settings can change at runtime (CONFIG SET): look again for each strict job */
+        if (strict && (broker_store_check_durability(b->store, false) != 0 ||
+                       !broker_store_can_strict(b->store))) {
+            rc = ANV_EUNSUPPORTED;
+            goto out;
+        }
         rc = s_create(b, req->spec, job_id, &existing);
         if (rc != 0)
             goto out;
@@ -139,10 +145,30 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
     broker_args_str(b->args, job_id);
     broker_args_str(b->args, req->has_final && req->final ? "1" : "0");
     broker_args_int(b->args, (int64_t)req->n_tasks);
-    if (req->has_chunk_index)
-        broker_args_int(b->args, (int64_t)req->chunk_index);
-    else
-        broker_args_str(b->args, "");
+    /* A chunk whose tasks all have custom ids is idempotent by itself. Otherwise its index
+       and a hash of its content make a retried chunk (lost reply) answer as before instead of
+       adding its tasks twice. */
+    bool keyed = false;
+    for (size_t i = 0; i < req->n_tasks; i++)
+        keyed = keyed || !req->tasks[i]->custom_id || !req->tasks[i]->custom_id[0];
+    char ck[64] = "";
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; keyed && i < req->n_tasks; i++) {
+        size_t n = anvil__task__get_packed_size(req->tasks[i]);
+        uint8_t tmp[256], *p = n <= sizeof tmp ? tmp : malloc(n);
+        if (!p)
+            continue;
+        anvil__task__pack(req->tasks[i], p);
+        for (size_t k = 0; k < n; k++)
+            h = (h ^ p[k]) * 1099511628211ull;
+        if (p != tmp)
+            free(p);
+    }
+    if (keyed)
+        snprintf(ck, sizeof ck, "%llu:%016llx",
+                 (unsigned long long)(req->has_chunk_index ? req->chunk_index : 0),
+                 (unsigned long long)h);
+    broker_args_str(b->args, ck);
     for (size_t i = 0; i < req->n_tasks; i++) {
         Anvil__Task *t = req->tasks[i];
         t->has_index = 0;
@@ -191,7 +217,9 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
 out:
     if (rc != 0)
         s_error(b, id, rid, rc, rc == ANV_EPROTO ? "submit needs a spec or a job id" :
-                rc == ANV_ETOOBIG ? "chunk or n too large" : broker_store_errstr(b->store));
+                rc == ANV_ETOOBIG ? "chunk or n too large" :
+                rc == ANV_EUNSUPPORTED ? "strict durability needs WAITAOF (redis >= 7.2) or "
+                                         "appendfsync always" : broker_store_errstr(b->store));
     for (size_t i = 0; bufs && i < req->n_tasks; i++)
         free(bufs[i]);
     free(bufs);

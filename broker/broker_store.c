@@ -11,6 +11,7 @@
 #include "anv_error.h"
 #include "anv_log.h"
 #include "anv_redis.h"
+#include "anv_time.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -38,9 +39,14 @@ struct broker_store_t {
     char sha[41];
     bool loaded;
     bool waitaof;
+    bool fsync_always; /* appendonly yes + appendfsync always */
     int err;
     char errstr[160];
     uint64_t calls;
+    struct {
+        char op[16];
+        uint64_t calls, ns;
+    } ops[16];
 };
 
 broker_args_t *broker_args_new(void)
@@ -212,6 +218,33 @@ static int s_code_of(const char *msg)
     return ANV_EREDIS;
 }
 
+static void s_account(broker_store_t *self, const char *op, size_t len, int64_t ns)
+{
+    for (size_t i = 0; i < sizeof self->ops / sizeof self->ops[0]; i++) {
+        if (!self->ops[i].op[0] && len < sizeof self->ops[i].op) {
+            memcpy(self->ops[i].op, op, len);
+            self->ops[i].op[len] = 0;
+        }
+        if (strlen(self->ops[i].op) == len && !memcmp(self->ops[i].op, op, len)) {
+            self->ops[i].calls++;
+            self->ops[i].ns += (uint64_t)ns;
+            return;
+        }
+    }
+}
+
+void broker_store_log_ops(const broker_store_t *self)
+{
+    char line[1024];
+    size_t off = 0;
+    line[0] = 0;
+    for (size_t i = 0; i < sizeof self->ops / sizeof self->ops[0] && self->ops[i].op[0]; i++)
+        off += (size_t)snprintf(line + off, sizeof line - off, " %s=%llu/%.1fms",
+                                self->ops[i].op, (unsigned long long)self->ops[i].calls,
+                                (double)self->ops[i].ns / 1e6);
+    ANV_INFO("redis script calls (op=calls/round-trip time):%s", line);
+}
+
 int broker_store_call(broker_store_t *self, broker_args_t *args, redisReply **out)
 {
     if (out)
@@ -226,7 +259,9 @@ int broker_store_call(broker_store_t *self, broker_args_t *args, redisReply **ou
         args->argv[1] = self->sha;
         args->lens[1] = 40;
         self->calls++;
+        int64_t t0 = anv_now_ns();
         redisReply *r = anv_redis_commandv(self->redis, args->argc, args->argv, args->lens);
+        s_account(self, args->argv[3], args->lens[3], anv_now_ns() - t0);
         if (!r) {
             s_fail(self, ANV_EREDIS, anv_redis_errstr(self->redis));
             return ANV_EREDIS;
@@ -324,6 +359,7 @@ int broker_store_check_durability(broker_store_t *self, bool strict)
     char aof[16], fsync[16];
     s_config(self, "appendonly", aof, sizeof aof);
     s_config(self, "appendfsync", fsync, sizeof fsync);
+    self->fsync_always = !strcmp(aof, "yes") && !strcmp(fsync, "always");
     ANV_INFO("redis %s: appendonly=%s appendfsync=%s waitaof=%s", ver, aof, fsync,
              self->waitaof ? "yes" : "no");
     if (strcmp(aof, "yes") != 0) {
@@ -348,6 +384,11 @@ int broker_store_check_durability(broker_store_t *self, bool strict)
 bool broker_store_has_waitaof(const broker_store_t *self)
 {
     return self->waitaof;
+}
+
+bool broker_store_can_strict(const broker_store_t *self)
+{
+    return self->waitaof || self->fsync_always;
 }
 
 int broker_store_wait_durable(broker_store_t *self, int timeout_ms)

@@ -30,6 +30,8 @@ void broker_store_destroy(broker_store_t **self_p);
 int broker_store_check_durability(broker_store_t *self, bool strict);
 /* True when the server has WAITAOF (Redis >= 7.2), known after check_durability. */
 bool broker_store_has_waitaof(const broker_store_t *self);
+/* True when strict writes are possible: WAITAOF, or AOF with appendfsync always. */
+bool broker_store_can_strict(const broker_store_t *self);
 /* Blocks until the writes made so far are fsynced to the local AOF (WAITAOF 1 0 timeout) when
    the server has WAITAOF; with appendfsync always they already are. Returns 0, ANV_ETIMEOUT
    or ANV_EREDIS. */
@@ -46,6 +48,8 @@ const char *broker_store_errstr(const broker_store_t *self);
 bool broker_store_connected(const broker_store_t *self);
 /* Script calls made and Redis round trips, for metrics. */
 uint64_t broker_store_calls(const broker_store_t *self);
+/* Logs, per script operation, the calls made and their summed round-trip time. */
+void broker_store_log_ops(const broker_store_t *self);
 
 /* Argument vectors. reset() starts a new call for operation `op`. */
 broker_args_t *broker_args_new(void);
