@@ -115,6 +115,7 @@ static void s_send_sample(gen_worker_t *w, s_unit_t *u, uint32_t sample_index,
 {
     Anvil__Sample s = ANVIL__SAMPLE__INIT;
     Anvil__SampleTimings tm = ANVIL__SAMPLE_TIMINGS__INIT;
+    char *text = NULL;
     s.job_id = u->job_id;
     s.has_task_index = 1;
     s.task_index = u->task_index;
@@ -136,7 +137,9 @@ static void s_send_sample(gen_worker_t *w, s_unit_t *u, uint32_t sample_index,
         s.token_ids = (uint32_t *)es->tokens;
         s.n_logprobs = (size_t)es->n_tokens;
         s.logprobs = es->logprobs;
-        s.text = es->text;
+        /* a string field must be UTF-8; the exact bytes stay recoverable from the ids */
+        text = eng_utf8_lossy(es->text ? es->text : "", es->text_len);
+        s.text = text;
         /* the version that produced the first token: a sample that straddles a PAUSE update
            is as old as its oldest token */
         s.weight_version = es->weight_version_first;
@@ -147,6 +150,7 @@ static void s_send_sample(gen_worker_t *w, s_unit_t *u, uint32_t sample_index,
     tm.total_ms = (double)(anv_now_ms() - u->received_ms);
     s.timings = &tm;
     int rc = broker_client_send_gen_result(w->bc, u->lease_id, &s, last);
+    free(text);
     if (rc != 0)
         ANV_JERROR(u->job_id, "cannot queue sample %u of '%s': %s", sample_index, u->lease_id,
                    anv_strerror(rc));
@@ -453,7 +457,8 @@ static void s_publish(gen_worker_t *w)
         .weight_version = eng_engine_weight_version(w->eng),
     };
     broker_client_set_stats(w->bc, &bs);
-    if (!w->ready_written && w->cfg.ready_file && broker_client_connected(w->bc)) {
+    if (!w->ready_written && w->cfg.ready_file && *w->cfg.ready_file &&
+        broker_client_connected(w->bc)) {
         FILE *f = fopen(w->cfg.ready_file, "w");
         if (f) {
             fprintf(f, "%s\n", w->worker_id);

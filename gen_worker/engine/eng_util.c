@@ -203,3 +203,32 @@ size_t eng_strmap_count(const eng_strmap_t *self)
 {
     return self->count;
 }
+
+char *eng_utf8_lossy(const char *s, size_t n)
+{
+    eng_buf_t out = {0};
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        int len = p[i] < 0x80 ? 1 : (p[i] >> 5) == 6 ? 2 : (p[i] >> 4) == 14 ? 3
+                : (p[i] >> 3) == 30 ? 4 : 0;
+        bool ok = len > 0 && i + (size_t)len <= n;
+        for (int k = 1; ok && k < len; k++)
+            ok = (p[i + k] & 0xc0) == 0x80;
+        if (ok && len > 1) { /* reject overlong forms, surrogates, > U+10FFFF */
+            unsigned cp = p[i] & (0x7f >> len);
+            for (int k = 1; k < len; k++)
+                cp = (cp << 6) | (p[i + k] & 0x3f);
+            ok = !((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
+                   (len == 4 && cp < 0x10000) || (cp >= 0xd800 && cp < 0xe000) || cp > 0x10ffff);
+        }
+        if (ok) {
+            eng_buf_append(&out, s + i, (size_t)len);
+            i += (size_t)len;
+        } else {
+            eng_buf_append(&out, "\xef\xbf\xbd", 3);
+            i++;
+        }
+    }
+    eng_buf_append(&out, "", 0);
+    return out.p;
+}

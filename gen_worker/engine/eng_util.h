@@ -39,4 +39,10 @@ int eng_strmap_put(eng_strmap_t *self, const void *key, size_t len, int32_t valu
 bool eng_strmap_get(const eng_strmap_t *self, const void *key, size_t len, int32_t *value);
 size_t eng_strmap_count(const eng_strmap_t *self);
 
+/* A NUL-terminated copy of s[0..n) that is valid UTF-8: each byte of an invalid, overlong,
+   surrogate or out-of-range sequence becomes U+FFFD. Token ids stay the exact record; this is
+   for text that goes into JSON or protobuf string fields. The caller frees it; NULL when out
+   of memory. */
+char *eng_utf8_lossy(const char *s, size_t n);
+
 #endif

@@ -36,39 +36,9 @@ typedef struct {
     bool chat, json, ignore_eos, no_prefix_sharing;
 } s_args_t;
 
-/* Appends s to out as JSON-safe UTF-8: invalid sequences become U+FFFD. */
-static char *s_utf8_lossy(const char *s, size_t n)
-{
-    eng_buf_t out = {0};
-    const unsigned char *p = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        int len = p[i] < 0x80 ? 1 : (p[i] >> 5) == 6 ? 2 : (p[i] >> 4) == 14 ? 3
-                : (p[i] >> 3) == 30 ? 4 : 0;
-        bool ok = len > 0 && i + (size_t)len <= n;
-        for (int k = 1; ok && k < len; k++)
-            ok = (p[i + k] & 0xc0) == 0x80;
-        if (ok && len > 1) { /* reject overlong forms, surrogates, > U+10FFFF */
-            unsigned cp = p[i] & (0x7f >> len);
-            for (int k = 1; k < len; k++)
-                cp = (cp << 6) | (p[i + k] & 0x3f);
-            ok = !((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-                   (len == 4 && cp < 0x10000) || (cp >= 0xd800 && cp < 0xe000) || cp > 0x10ffff);
-        }
-        if (ok) {
-            eng_buf_append(&out, s + i, (size_t)len);
-            i += (size_t)len;
-        } else {
-            eng_buf_append(&out, "\xef\xbf\xbd", 3);
-            i++;
-        }
-    }
-    eng_buf_append(&out, "", 0);
-    return out.p;
-}
-
 static void s_print_sample(const eng_sample_t *s, bool json)
 {
-    char *text = s_utf8_lossy(s->text, s->text_len);
+    char *text = eng_utf8_lossy(s->text, s->text_len);
     if (!json) {
         printf("--- %s #%d (%s, %d tokens)\n%s\n", s->request_id, s->index,
                eng_finish_name(s->finish), s->n_tokens, text ? text : "");
@@ -130,7 +100,7 @@ static int s_print_ids(const eng_ids_t *ids, const char *decoded, size_t dlen, b
     if (decoded) {
         out = cJSON_CreateObject();
         cJSON_AddItemToObject(out, "ids", arr);
-        char *t = s_utf8_lossy(decoded, dlen);
+        char *t = eng_utf8_lossy(decoded, dlen);
         cJSON_AddStringToObject(out, "decoded", t ? t : "");
         free(t);
     }
