@@ -128,38 +128,6 @@ size_t eng_utf8_complete_prefix(const char *str, size_t n)
     return n;
 }
 
-int eng_utf8_lossy(const char *str, size_t n, eng_buf_t *out)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    int rc = eng_buf_append(out, "", 0);
-    for (size_t i = 0; i < n && !rc;) {
-        unsigned char c = s[i];
-        size_t need = c < 0x80                 ? 1
-                      : c >= 0xc2 && c <= 0xdf ? 2
-                      : c >= 0xe0 && c <= 0xef ? 3
-                      : c >= 0xf0 && c <= 0xf4 ? 4
-                                               : 0;
-        /* the second byte's range depends on the lead (no overlongs, surrogates, > U+10FFFF) */
-        unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
-        unsigned char hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
-        size_t k = 1;
-        while (need > 1 && k < need && i + k < n) {
-            unsigned char b = s[i + k];
-            if (k == 1 ? (b < lo || b > hi) : (b & 0xc0) != 0x80)
-                break;
-            k++;
-        }
-        if (need > 0 && k == need) {
-            rc = eng_buf_append(out, str + i, need);
-            i += need;
-        } else {
-            rc = eng_buf_append(out, "\xef\xbf\xbd", 3);
-            i += k; /* the maximal subpart: the lead and the continuation bytes it accepted */
-        }
-    }
-    return rc;
-}
-
 /* --- loading ----------------------------------------------------------------------------- */
 
 static pcre2_code *s_compile(const char *pattern, size_t len, char *err, size_t errlen)

@@ -71,9 +71,4 @@ int eng_detok_flush(eng_detok_t *d, eng_buf_t *out);
    valid) UTF-8 sequence. */
 size_t eng_utf8_complete_prefix(const char *s, size_t n);
 
-/* Appends s[0, n) to out as valid UTF-8: each maximal invalid subpart becomes U+FFFD, the
-   rule of Python's errors="replace" and Rust's from_utf8_lossy (so texts compare with HF's
-   decode). Returns 0 or -ENOMEM. */
-int eng_utf8_lossy(const char *s, size_t n, eng_buf_t *out);
-
 #endif

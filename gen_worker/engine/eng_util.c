@@ -203,3 +203,45 @@ size_t eng_strmap_count(const eng_strmap_t *self)
 {
     return self->count;
 }
+
+char *eng_utf8_lossy(const char *str, size_t n)
+{
+    return eng_utf8_lossy_len(str, n, NULL);
+}
+
+char *eng_utf8_lossy_len(const char *str, size_t n, size_t *len_out)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    eng_buf_t out = {0};
+    int rc = eng_buf_append(&out, "", 0);
+    for (size_t i = 0; i < n && !rc;) {
+        unsigned char c = s[i];
+        size_t need = c < 0x80                 ? 1
+                      : c >= 0xc2 && c <= 0xdf ? 2
+                      : c >= 0xe0 && c <= 0xef ? 3
+                      : c >= 0xf0 && c <= 0xf4 ? 4
+                                               : 0;
+        /* the second byte's range depends on the lead (no overlongs, surrogates, > U+10FFFF) */
+        unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+        unsigned char hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+        size_t k = 1;
+        while (need > 1 && k < need && i + k < n) {
+            unsigned char b = s[i + k];
+            if (k == 1 ? (b < lo || b > hi) : (b & 0xc0) != 0x80)
+                break;
+            k++;
+        }
+        if (need > 0 && k == need) {
+            rc = eng_buf_append(&out, str + i, need);
+            i += need;
+        } else {
+            rc = eng_buf_append(&out, "\xef\xbf\xbd", 3);
+            i += k; /* the maximal subpart: the lead and the continuation bytes it accepted */
+        }
+    }
+    if (rc)
+        eng_buf_release(&out);
+    else if (len_out)
+        *len_out = out.n;
+    return out.p;
+}

@@ -40,11 +40,12 @@ typedef struct {
    NULL when out of memory. */
 static char *s_json_text(const char *s, size_t n)
 {
-    eng_buf_t u = {0}, out = {0};
-    int rc = eng_utf8_lossy(s, n, &u);
-    rc = rc ? rc : eng_buf_append(&out, "\"", 1);
-    for (size_t i = 0; i < u.n && !rc; i++) {
-        unsigned char c = (unsigned char)u.p[i];
+    size_t un = 0;
+    char *u = eng_utf8_lossy_len(s, n, &un);
+    eng_buf_t out = {0};
+    int rc = u ? eng_buf_append(&out, "\"", 1) : -ENOMEM;
+    for (size_t i = 0; i < un && !rc; i++) {
+        unsigned char c = (unsigned char)u[i];
         char esc[8];
         if (c == '"' || c == '\\') {
             esc[0] = '\\';
@@ -54,11 +55,11 @@ static char *s_json_text(const char *s, size_t n)
             snprintf(esc, sizeof(esc), "\\u%04x", c);
             rc = eng_buf_append(&out, esc, 6);
         } else {
-            rc = eng_buf_append(&out, &u.p[i], 1);
+            rc = eng_buf_append(&out, &u[i], 1);
         }
     }
     rc = rc ? rc : eng_buf_append(&out, "\"", 1);
-    eng_buf_release(&u);
+    free(u);
     if (rc)
         eng_buf_release(&out);
     return out.p;
