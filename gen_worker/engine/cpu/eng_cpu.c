@@ -113,6 +113,20 @@ static inline float s_dot(const float *a, const float *b, int n)
     return s;
 }
 
+/* dot(a, widen(w)) for a bf16 row, without a widened copy (decode steps, few rows) */
+static inline float s_dot_bf16(const float *a, const uint16_t *w, int n)
+{
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * s_bf16(w[i + j]);
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * s_bf16(w[i]);
+    return s;
+}
+
 /* --- memory ------------------------------------------------------------------------------ */
 
 static void *s_alloc(eng_backend_t *be, size_t bytes)
@@ -223,6 +237,19 @@ static void s_matmul_rows(void *varg, int begin, int end, int ti)
 {
     s_matmul_job_t *j = varg;
     float *wrow = j->st->scratch[ti];
+    if (j->dtype == ENG_DTYPE_BF16 && j->n <= 2) { /* same sums as s_dot on the widened row */
+        const uint16_t *w = j->w;
+        for (int o = begin; o < end; o++) {
+            float b = 0;
+            if (j->bias)
+                eng_cpu_widen(&b, j->bias, j->dtype, (size_t)o, 1);
+            for (int r = 0; r < j->n; r++)
+                j->out[(size_t)r * j->out_dim + o] =
+                    s_dot_bf16(j->x + (size_t)r * j->in_dim, w + (size_t)o * j->in_dim, j->in_dim) +
+                    b;
+        }
+        return;
+    }
     for (int o = begin; o < end; o++) {
         eng_cpu_widen(wrow, j->w, j->dtype, (size_t)o * j->in_dim, (size_t)j->in_dim);
         float b = 0;
