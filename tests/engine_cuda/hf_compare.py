@@ -36,6 +36,12 @@ cfg = LlamaConfig(vocab_size=155136, hidden_size=4096, intermediate_size=14336,
                   max_position_embeddings=8192, tie_word_embeddings=False,
                   attention_bias=False, mlp_bias=False, bos_token_id=0, eos_token_id=2,
                   attn_implementation="eager")
+# transformers 5 keeps rope_theta in rope_parameters; say which theta HF really uses
+if getattr(cfg, "rope_parameters", None) is not None:
+    cfg.rope_parameters = {"rope_type": "default", "rope_theta": 500000.0}
+theta = (cfg.rope_parameters or {}).get("rope_theta") if getattr(cfg, "rope_parameters", None) \
+    else getattr(cfg, "rope_theta", None)
+print(f"HF rope theta {theta}")
 torch.manual_seed(1234)
 with torch.device("cuda"):
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
@@ -55,7 +61,7 @@ with tempfile.TemporaryDirectory() as d:
         f.write(f"vocab {cfg.vocab_size}\nhidden {cfg.hidden_size}\nlayers {cfg.num_hidden_layers}\n"
                 f"heads {cfg.num_attention_heads}\nkv_heads {cfg.num_key_value_heads}\n"
                 f"head_dim {cfg.head_dim}\nffn {cfg.intermediate_size}\n"
-                f"rope_theta {cfg.rope_theta}\neps {cfg.rms_norm_eps}\n")
+                f"rope_theta {theta}\neps {cfg.rms_norm_eps}\n")
     g = torch.Generator().manual_seed(7)
     prompt = torch.randint(3, cfg.vocab_size, (P,), generator=g).tolist()
     with open(os.path.join(d, "prompt.txt"), "w") as f:

@@ -71,8 +71,8 @@ enum {
 
 /* Attention plan of one batch (see attention.cu): device arrays plus sizes. */
 typedef struct {
-    int n_tiles, n_tok, n_parts, n_seq, max_blocks, q_tile;
-    int4 *tiles;        /* (n_tiles) {seq, tok_begin, n_q, split} device */
+    int n_tiles, n_dec_tiles, n_tok, n_parts, n_seq, max_blocks, q_tile;
+    int4 *tiles;        /* (n_tiles) {seq, tok_begin, n_q, split} device: decode tiles first */
     int *tok_part;      /* (n_tok) first partial of each token device */
     int *tok_nsplit;    /* (n_tok) device */
     int *seq_qstart;    /* (n_seq + 1) device */

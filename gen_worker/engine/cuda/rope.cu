@@ -1,7 +1,8 @@
 /*  rope.cu - rotary embedding (HF rotate_half), the paged K/V write, and both fused.
 
     One block per token. Angles follow the CPU exactly: inv_freq = 1 / powf(theta, 2i / d)
-    and f = pos * inv_freq in fp32, then cosf / sinf (full-precision, not the fast
+    (the power taken in double and rounded, as a correctly rounded powf would) and
+    f = pos * inv_freq in fp32, then cosf / sinf (full-precision, not the fast
     intrinsics: positions reach thousands of radians). The fused rope_kv_store reads one
     stacked q|k|v row per token, writes the rotated q for attention and stores rotated k and
     v straight into the paged pools in the KV dtype, so k never makes a round trip.
@@ -11,7 +12,10 @@
 static __device__ __forceinline__ void s_angle(int pos, int i, int head_dim, float theta,
                                                float *c, float *s)
 {
-    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+    /* powf rounded as the CPU's correctly rounded powf: the device powf may differ by an
+       ulp, which positions in the thousands turn into 1e-4 of angle */
+    float pw = (float)pow((double)theta, (double)((float)(2 * i) / (float)head_dim));
+    float inv_freq = 1.0f / pw;
     float f = (float)pos * inv_freq;
     *c = cosf(f);
     *s = sinf(f);
