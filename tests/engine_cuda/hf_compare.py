@@ -23,16 +23,22 @@ except ImportError as e:
     print(f"SKIP: {e}")
     sys.exit(77)
 
-if not torch.cuda.is_available():
+# HF_COMPARE_DEVICE=cpu with ECU_BACKEND=cpu: the same comparison on the CPU reference backend
+DEV = os.environ.get("HF_COMPARE_DEVICE", "cuda")
+SMALL = os.environ.get("HF_COMPARE_SMALL") == "1"
+if DEV == "cuda" and not torch.cuda.is_available():
     print("SKIP: no CUDA device visible to torch")
     sys.exit(77)
 
 tool = sys.argv[1]
 n_new = int(sys.argv[2]) if len(sys.argv) > 2 else 32
 P = 48
-cfg = LlamaConfig(vocab_size=155136, hidden_size=4096, intermediate_size=14336,
-                  num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
-                  head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-6,
+dims = dict(vocab_size=155136, hidden_size=4096, intermediate_size=14336,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+if SMALL:
+    dims = dict(vocab_size=1000, hidden_size=512, intermediate_size=1376,
+                num_attention_heads=8, num_key_value_heads=2, head_dim=64)
+cfg = LlamaConfig(**dims, num_hidden_layers=2, rope_theta=500000.0, rms_norm_eps=1e-6,
                   max_position_embeddings=8192, tie_word_embeddings=False,
                   attention_bias=False, mlp_bias=False, bos_token_id=0, eos_token_id=2,
                   attn_implementation="eager")
@@ -43,12 +49,20 @@ theta = (cfg.rope_parameters or {}).get("rope_theta") if getattr(cfg, "rope_para
     else getattr(cfg, "rope_theta", None)
 print(f"HF rope theta {theta}")
 torch.manual_seed(1234)
-with torch.device("cuda"):
+with torch.device(DEV):
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     # norms start at 1 in HF; perturb them so a wrong norm weight would show
     for n, p in model.named_parameters():
         if n.endswith("norm.weight"):
             p.data.uniform_(0.8, 1.2)
+    # .to(bfloat16) also rounds the rotary inv_freq buffer to bf16, which .float() cannot
+    # undo: put the exact fp32 frequencies back so the fp32 run is a true reference
+    hd = cfg.head_dim
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    rot = model.model.rotary_emb
+    rot.inv_freq = inv.to(DEV)
+    if hasattr(rot, "original_inv_freq"):
+        rot.original_inv_freq = inv.clone().to(DEV)
 
 with tempfile.TemporaryDirectory() as d:
     names = []
@@ -77,11 +91,11 @@ with tempfile.TemporaryDirectory() as d:
     c_tok = [int(x) for x in open(os.path.join(d, "c_tokens.txt")).read().split()]
     c_lp = np.fromfile(os.path.join(d, "c_logprobs.bin"), dtype=np.float32).reshape(n_new, -1)
 
-seq = torch.tensor([prompt + c_tok[:-1]], device="cuda")
+seq = torch.tensor([prompt + c_tok[:-1]], device=DEV)
 with torch.no_grad():
     lp_bf = torch.log_softmax(model(seq).logits[0, P - 1:].float(), -1).cpu().numpy()
-    hf_gen = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=n_new,
-                            do_sample=False, attention_mask=torch.ones(1, P, device="cuda",
+    hf_gen = model.generate(torch.tensor([prompt], device=DEV), max_new_tokens=n_new,
+                            do_sample=False, attention_mask=torch.ones(1, P, device=DEV,
                                                                        dtype=torch.long))
     hf_gen = hf_gen[0, P:].tolist()
     model = model.float()
