@@ -52,6 +52,27 @@ typedef struct {
     int max_blocks;              /* row stride of block_tables */
 } eng_attn_batch_t;
 
+/* One step's host index arrays, for the optional `prepare` below. */
+typedef struct {
+    int n_tok;
+    const int32_t *ids;           /* (n_tok) host: token ids for embedding */
+    const int32_t *pos;           /* (n_tok) host: positions for rope */
+    const int32_t *slots;         /* (n_tok) host: cache slots for kv_store */
+    const eng_attn_batch_t *batch; /* the step's attention batch */
+    int n_rows;
+    const int32_t *rows;          /* (n_rows) host: rows for gather_rows (the logits rows) */
+} eng_step_t;
+
+/* Per-row sampling parameters for the optional `sample` below. */
+typedef struct {
+    float temperature; /* 0 = greedy */
+    int top_k;         /* 0 = off */
+    float top_p;       /* 1 = off */
+    float min_p;       /* 0 = off */
+    uint64_t seed;     /* per sample, never one shared default */
+    uint64_t step;     /* index of the token being drawn (0, 1, ...) */
+} eng_sample_params_t;
+
 typedef struct eng_backend eng_backend_t;
 
 struct eng_backend {
@@ -192,6 +213,43 @@ struct eng_backend {
     /* Frees the backend's state and the struct itself (memory from alloc must be freed
        first). Accepts NULL; sets *be_p to NULL. */
     void (*destroy)(eng_backend_t **be_p);
+
+    /* --- optional extensions (NULL when a backend lacks them; the CPU backend sets none).
+       The engine uses a member when it is non-NULL and falls back to the ops above. ------ */
+
+    /* Free and total bytes of backend memory now, to size the KV pools after the weights. */
+    int (*mem_info)(eng_backend_t *be, size_t *free_bytes, size_t *total_bytes);
+
+    /* Announces one step's host index arrays before its ops run, so that a device backend
+       uploads them once per step instead of once per layer. Later ops of the step that receive
+       these same host pointers (ids to embedding, pos and slots to rope/kv_store/rope_kv_store,
+       the batch's arrays to attention, rows to gather_rows) use the uploaded copies; the arrays
+       must not change until the next prepare. Any pointer may be NULL (n_rows 0). */
+    int (*prepare)(eng_backend_t *be, const eng_step_t *step);
+
+    /* Fused rope + kv_store: qkv (n_tok, (n_head + 2 n_kv_head) * head_dim) f32 holds each
+       token's q, k and v side by side (one matmul with the three weights stacked); writes
+       q_out (n_tok, n_head, head_dim) f32 = rope(q), stores rope(k) and v at slots in the
+       caches (layout as kv_store). pos, slots (n_tok) host. qkv is not modified. */
+    int (*rope_kv_store)(eng_backend_t *be, float *q_out, const float *qkv, void *k_cache,
+                         void *v_cache, const int32_t *pos, const int32_t *slots, int n_tok,
+                         int n_head, int n_kv_head, int head_dim, float theta);
+
+    /* SwiGLU over one stacked gate|up matmul output: gu (n, 2 ffn) f32, row r = [gate | up];
+       out (n, ffn) f32 = silu(gate) * up. */
+    int (*swiglu_fused)(eng_backend_t *be, float *out, const float *gu, int n, int ffn);
+
+    /* Samples one token per row on the device from logits (n, vocab) f32 (backend memory) and
+       returns them with their logprobs in host memory: tokens (n) host, logprobs (n) host =
+       log_softmax(logits)[token] in fp32 (the model's own distribution: temperature 1, no
+       truncation). Per row, in this order: temperature (0 = greedy argmax, lowest id on ties),
+       top_k (0 = off), top_p (1 = off, mass over the top-k survivors), min_p (0 = off,
+       relative to the most likely token); then a draw from the survivors' softmax with a
+       counter-based generator keyed by (seed, step), so a row's draw depends on its own
+       logits and parameters only. params (n) host. This is the one host synchronisation of
+       a step. */
+    int (*sample)(eng_backend_t *be, int32_t *tokens, float *logprobs, const float *logits,
+                  int n, int vocab, const eng_sample_params_t *params);
 };
 
 /* Creates a backend by name ("cpu"; "cuda" when built with ANVIL_CUDA). n_threads applies to
