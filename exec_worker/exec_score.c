@@ -57,6 +57,7 @@ void exec_spec_default(exec_spec_t *s)
     s->static_checks = true;
     s->allow_ops = "";
     s->min_gpu_share = 0.5;
+    s->require_launches = true;
 }
 
 const char *exec_task_kind_name(Anvil__TaskKind kind)
@@ -661,7 +662,7 @@ static int s_score(exec_scorer_t *self, const exec_task_t *task, const char *cod
                         "but the reference is not constant");
         goto done;
     }
-    if (zero_trial >= 0) {
+    if (zero_trial >= 0 && spec->require_launches) {
         exec_result_set(out, EXEC_ST_INCORRECT,
                         "no Triton kernel of the candidate was launched in trial %d (%s mode)",
                         zero_trial, kb && zero_trial % 2 ? "train" : "eval");
@@ -676,7 +677,7 @@ static int s_score(exec_scorer_t *self, const exec_task_t *task, const char *cod
                     &rep) != S_OK)
         goto done;
     const cJSON *l_after = cJSON_GetArrayItem(cJSON_GetObjectItem(rep, "launches"), 0);
-    if (!cJSON_IsNumber(l_after) || l_after->valuedouble < 1) {
+    if (spec->require_launches && (!cJSON_IsNumber(l_after) || l_after->valuedouble < 1)) {
         exec_result_set(out, EXEC_ST_INCORRECT,
                         "no Triton kernel of the candidate was launched after timing");
         goto done;

@@ -50,6 +50,7 @@ typedef struct {
     bool static_checks;     /* false: violations are only flagged (for testing the sandbox) */
     const char *allow_ops;  /* extra torch ops allowed on the forward path, comma-separated */
     double min_gpu_share;   /* below it (CUDA) the result is flagged low_gpu_share */
+    bool require_launches;  /* false only to calibrate with a pure-torch candidate (benchmarks) */
 } exec_spec_t;
 
 void exec_spec_default(exec_spec_t *spec);

@@ -33,6 +33,7 @@
 #endif
 
 typedef struct {
+    bool require_triton;
     bool score_once, json, pretty, log_json, static_checks, flush_l2, interpret;
     char *score_batch, *kind, *task, *candidate, *device, *globals, *log_level;
     char *sandbox_mode, *bwrap, *launcher, *python, *harness_dir, *work_dir, *ro_binds;
@@ -90,6 +91,7 @@ static const anv_cfg_opt_t s_opts[] = {
     S_OPT("static-checks", ANV_CFG_BOOL, "true", 0, -1, "reject on static violations", &C.static_checks),
     S_OPT("allow-ops", ANV_CFG_STR, "", 0, -1, "extra torch ops on the forward path (* = any)", &C.allow_ops),
     S_OPT("min-gpu-share", ANV_CFG_DOUBLE, "0.5", 0, 1, "flag below this share (cuda)", &C.min_gpu_share),
+    S_OPT("require-triton", ANV_CFG_BOOL, "true", 0, -1, "a correct candidate must launch its own Triton kernels (off only to calibrate)", &C.require_triton),
     S_OPT("log-level", ANV_CFG_STR, "info", 0, -1, "error|warn|info|debug|trace", &C.log_level),
     S_OPT("log-json", ANV_CFG_BOOL, "false", 0, -1, "JSON log lines", &C.log_json),
 };
@@ -135,6 +137,7 @@ static void s_spec(exec_spec_t *s)
     s->static_checks = C.static_checks;
     s->allow_ops = C.allow_ops;
     s->min_gpu_share = C.min_gpu_share;
+    s->require_launches = C.require_triton;
 }
 
 static int s_print(const exec_result_t *r)
