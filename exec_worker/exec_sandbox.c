@@ -321,7 +321,7 @@ static exec_proc_t *s_spawn(exec_sandbox_t *self, s_mode_t mode, const char *con
     char io_dir[PATH_MAX], env_omp[64], env_gpu[64], env_pp[PATH_MAX + 16];
     unsigned n = self->seq++;
     long uid = -1;
-    if (self->root)
+    if (self->root && mode != S_BWRAP_USER)
         uid = (long)(c->uid_base + (n % 1000));
     snprintf(io_dir, sizeof io_dir, "%s/sbx-%d-%u", c->work_dir, (int)getpid(), n);
     if (mkdir(io_dir, 0700) != 0 || (uid >= 0 && chown(io_dir, (uid_t)uid, (gid_t)uid) != 0)) {
@@ -388,16 +388,16 @@ exec_proc_t *exec_sandbox_spawn(exec_sandbox_t *self)
     return s_spawn(self, self->mode, cmd);
 }
 
-/* Starts `true` in mode m: works when it exits 0 within 10 s. */
+/* Starts the interpreter (python -c pass) in mode m: works when it exits 0 within 20 s. */
 static bool s_try(exec_sandbox_t *self, s_mode_t m, char *why, size_t len)
 {
-    const char *cmd[] = {"/usr/bin/true", NULL};
+    const char *cmd[] = {self->cfg.python, "-s", "-c", "pass", NULL};
     exec_proc_t *p = s_spawn(self, m, cmd);
     if (!p) {
         snprintf(why, len, "cannot start");
         return false;
     }
-    uint64_t end = anv_now_ms() + 10000;
+    uint64_t end = anv_now_ms() + 20000;
     while (exec_proc_alive(p) && (uint64_t)anv_now_ms() < end)
         anv_sleep_ms(5);
     const char *desc = exec_proc_exit_desc(p);
@@ -436,6 +436,8 @@ exec_sandbox_t *exec_sandbox_new(const exec_sandbox_cfg_t *cfg)
     s_mode_t order[3] = {S_BWRAP, S_BWRAP_USER, S_RLIMIT};
     int first = 0, last = 2;
     if (strcmp(self->cfg.mode, "auto") != 0) {
+        for (int i = 0; i < 3; i++)
+            snprintf(why[i], sizeof why[i], "not selected: --sandbox-mode %s", self->cfg.mode);
         for (int i = 0; i < 3; i++)
             if (strcmp(self->cfg.mode, s_mode_names[i]) == 0)
                 first = last = i;
