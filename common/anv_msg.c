@@ -34,6 +34,39 @@ static void s_log_reject(const char *why, size_t len)
     last_ms = now;
 }
 
+/* protobuf-c keeps an overlong-encoded tag 0 (e.g. 80 00) as an unknown field but refuses the
+   canonical tag 0 that it writes back, so such a message would be accepted here and rejected
+   by the next hop. Field number 0 is invalid protobuf: refuse it at any depth. */
+static bool s_has_field_zero(const ProtobufCMessage *m, int depth)
+{
+    if (!m || depth > 64)
+        return depth > 64;
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        if (m->unknown_fields[i].tag == 0)
+            return true;
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        const char *base = (const char *)m;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)(base + f->quantifier_offset);
+            ProtobufCMessage *const *arr = *(ProtobufCMessage *const *const *)(base + f->offset);
+            for (size_t k = 0; k < n; k++)
+                if (s_has_field_zero(arr[k], depth + 1))
+                    return true;
+        } else {
+            if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+                *(const uint32_t *)(base + f->quantifier_offset) != f->id)
+                continue;
+            if (s_has_field_zero(*(ProtobufCMessage *const *)(base + f->offset), depth + 1))
+                return true;
+        }
+    }
+    return false;
+}
+
 Anvil__Envelope *anv_msg_decode(const uint8_t *buf, size_t len, size_t max, int *err)
 {
     if (!max)
@@ -49,6 +82,11 @@ Anvil__Envelope *anv_msg_decode(const uint8_t *buf, size_t len, size_t max, int 
     }
     Anvil__Envelope *env = anvil__envelope__unpack(NULL, len, buf);
     if (!env) {
+        *err = ANV_EPROTO;
+        return NULL;
+    }
+    if (s_has_field_zero(&env->base, 0)) {
+        anvil__envelope__free_unpacked(env, NULL);
         *err = ANV_EPROTO;
         return NULL;
     }

@@ -1,0 +1,515 @@
+/*  eng_model.c - loading Llama/Qwen2 weights and the decoder forward pass.
+
+    Per layer (HF LlamaDecoderLayer / Qwen2DecoderLayer):
+        xn = rmsnorm(x)                         (first layer; later layers get it fused below)
+        q, k, v = xn Wq^T (+bq), xn Wk^T (+bk), xn Wv^T (+bv)
+        rope(q, k); kv_store(k, v); a = attention(q, cache)
+        o = a Wo^T;  x += o; xn = rmsnorm(x) w_post        (fused add_rmsnorm)
+        m = (silu(xn Wg^T) * xn Wu^T) Wd^T
+        x += m; xn = rmsnorm(x) w_next_input              (fused, or the final norm)
+    then logits = xn[rows] lm_head^T and logprobs = log_softmax(logits).
+    The weight set is a separate struct so that a reload can build a complete new one and swap
+    it in only when every tensor checked out. Activation buffers grow to the largest step seen.
+*/
+#include "eng_model.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "anv_error.h"
+#include "anv_log.h"
+#include "eng_safetensors.h"
+
+#define S_MAX_SHARDS 256
+
+typedef struct {
+    const void *p;   /* backend pointer */
+    eng_dtype_t dt;
+} s_w_t;
+
+typedef struct {
+    s_w_t in_norm, post_norm, wq, wk, wv, wo, bq, bk, bv, wg, wu, wd;
+} s_layer_t;
+
+typedef struct {
+    eng_st_file_t *files[S_MAX_SHARDS];
+    int n_files;
+    s_w_t embed, final_norm, lm_head;
+    s_layer_t *layers;
+    void **handed;   /* every pointer the backend's weight() returned, for weight_release */
+    int n_handed, cap_handed;
+} s_weights_t;
+
+struct eng_model {
+    eng_model_config_t cfg;
+    eng_backend_t *be;
+    s_weights_t *w;
+    /* KV pools: per layer (n_blocks, block_size, n_kv_heads, head_dim) */
+    void **k_pool, **v_pool;
+    int n_blocks, block_size;
+    /* activations, sized for cap_tok tokens / cap_rows rows */
+    int cap_tok, cap_rows;
+    float *x, *xn, *q, *k, *v, *att, *o, *gate, *up, *out_rows, *logits;
+};
+
+/* --- weights ----------------------------------------------------------------------------- */
+
+static void s_weights_free(eng_backend_t *be, s_weights_t **wp)
+{
+    s_weights_t *w = *wp;
+    if (!w)
+        return;
+    for (int i = 0; i < w->n_handed; i++)
+        be->weight_release(be, w->handed[i]);
+    free(w->handed);
+    for (int i = 0; i < w->n_files; i++)
+        eng_st_destroy(&w->files[i]);
+    free(w->layers);
+    free(w);
+    *wp = NULL;
+}
+
+static const eng_st_tensor_t *s_lookup(s_weights_t *w, const char *name)
+{
+    for (int i = 0; i < w->n_files; i++) {
+        const eng_st_tensor_t *t = eng_st_find(w->files[i], name);
+        if (t)
+            return t;
+    }
+    return NULL;
+}
+
+/* Finds name, checks its shape (d1 == 0 for a vector) and hands it to the backend. */
+static int s_get(eng_model_t *self, s_weights_t *w, s_w_t *out, const char *name, int64_t d0,
+                 int64_t d1, char *err, size_t errlen)
+{
+    const eng_st_tensor_t *t = s_lookup(w, name);
+    if (!t) {
+        snprintf(err, errlen, "weight '%s' is missing from the checkpoint", name);
+        return ANV_EFORMAT;
+    }
+    int nd = d1 ? 2 : 1;
+    if (t->ndim != nd || t->shape[0] != d0 || (nd == 2 && t->shape[1] != d1)) {
+        char got[96] = "", *g = got;
+        for (int i = 0; i < t->ndim && g < got + sizeof(got) - 24; i++)
+            g += sprintf(g, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        if (nd == 2)
+            snprintf(err, errlen, "weight '%s' has shape [%s], config.json implies [%lld, %lld]",
+                     name, got, (long long)d0, (long long)d1);
+        else
+            snprintf(err, errlen, "weight '%s' has shape [%s], config.json implies [%lld]", name,
+                     got, (long long)d0);
+        return ANV_EFORMAT;
+    }
+    if (w->n_handed == w->cap_handed) {
+        int cap = w->cap_handed ? w->cap_handed * 2 : 64;
+        void **h = realloc(w->handed, (size_t)cap * sizeof(void *));
+        if (!h) {
+            snprintf(err, errlen, "out of memory");
+            return -ENOMEM;
+        }
+        w->handed = h;
+        w->cap_handed = cap;
+    }
+    void *p = self->be->weight(self->be, t->data, t->nbytes);
+    if (!p) {
+        snprintf(err, errlen, "backend cannot take weight '%s'", name);
+        return -ENOMEM;
+    }
+    w->handed[w->n_handed++] = p;
+    out->p = p;
+    out->dt = t->dtype;
+    return 0;
+}
+
+static int s_open_files(s_weights_t *w, const char *dir, char *err, size_t errlen)
+{
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    if (stat(path, &st) == 0) {
+        w->files[0] = eng_st_open(path, err, errlen);
+        if (!w->files[0])
+            return ANV_EFORMAT;
+        w->n_files = 1;
+        return 0;
+    }
+    snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+    size_t len;
+    char *text = eng_read_file(path, &len);
+    if (!text) {
+        snprintf(err, errlen, "'%s' has neither model.safetensors nor "
+                 "model.safetensors.index.json", dir);
+        return -ENOENT;
+    }
+    cJSON *idx = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
+    int rc = 0;
+    if (!cJSON_IsObject(map)) {
+        snprintf(err, errlen, "'%s': no weight_map object", path);
+        rc = ANV_EFORMAT;
+        goto out;
+    }
+    /* open each distinct shard once, in order of first appearance */
+    const char *names[S_MAX_SHARDS];
+    const cJSON *e;
+    cJSON_ArrayForEach(e, map)
+    {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || e->valuestring[0] == '.') {
+            snprintf(err, errlen, "'%s': bad shard name for '%s'", path, e->string);
+            rc = ANV_EFORMAT;
+            goto out;
+        }
+        int seen = 0;
+        for (int i = 0; i < w->n_files && !seen; i++)
+            seen = strcmp(names[i], e->valuestring) == 0;
+        if (seen)
+            continue;
+        if (w->n_files == S_MAX_SHARDS) {
+            snprintf(err, errlen, "'%s': more than %d shards", path, S_MAX_SHARDS);
+            rc = ANV_ETOOBIG;
+            goto out;
+        }
+        char shard[4096];
+        snprintf(shard, sizeof(shard), "%s/%s", dir, e->valuestring);
+        w->files[w->n_files] = eng_st_open(shard, err, errlen);
+        if (!w->files[w->n_files]) {
+            rc = ANV_EFORMAT;
+            goto out;
+        }
+        names[w->n_files++] = e->valuestring;
+    }
+out:
+    cJSON_Delete(idx);
+    return rc;
+}
+
+static s_weights_t *s_weights_load(eng_model_t *self, const char *dir, char *err, size_t errlen)
+{
+    const eng_model_config_t *c = &self->cfg;
+    s_weights_t *w = calloc(1, sizeof(*w));
+    if (!w || !(w->layers = calloc((size_t)c->n_layers, sizeof(s_layer_t)))) {
+        snprintf(err, errlen, "out of memory");
+        free(w);
+        return NULL;
+    }
+    int rc = s_open_files(w, dir, err, errlen);
+    if (rc)
+        goto fail;
+    int64_t H = c->hidden, Q = (int64_t)c->n_heads * c->head_dim,
+            KV = (int64_t)c->n_kv_heads * c->head_dim, F = c->ffn, V = c->vocab;
+    char n[160];
+    if ((rc = s_get(self, w, &w->embed, "model.embed_tokens.weight", V, H, err, errlen)) ||
+        (rc = s_get(self, w, &w->final_norm, "model.norm.weight", H, 0, err, errlen)))
+        goto fail;
+    if (c->tied_embeddings)
+        w->lm_head = w->embed;
+    else if ((rc = s_get(self, w, &w->lm_head, "lm_head.weight", V, H, err, errlen)))
+        goto fail;
+    for (int l = 0; l < c->n_layers; l++) {
+        s_layer_t *L = &w->layers[l];
+        struct {
+            s_w_t *dst;
+            const char *suffix;
+            int64_t d0, d1;
+            bool want;
+        } list[] = {
+            {&L->in_norm, "input_layernorm.weight", H, 0, true},
+            {&L->post_norm, "post_attention_layernorm.weight", H, 0, true},
+            {&L->wq, "self_attn.q_proj.weight", Q, H, true},
+            {&L->wk, "self_attn.k_proj.weight", KV, H, true},
+            {&L->wv, "self_attn.v_proj.weight", KV, H, true},
+            {&L->wo, "self_attn.o_proj.weight", H, Q, true},
+            {&L->bq, "self_attn.q_proj.bias", Q, 0, c->qkv_bias},
+            {&L->bk, "self_attn.k_proj.bias", KV, 0, c->qkv_bias},
+            {&L->bv, "self_attn.v_proj.bias", KV, 0, c->qkv_bias},
+            {&L->wg, "mlp.gate_proj.weight", F, H, true},
+            {&L->wu, "mlp.up_proj.weight", F, H, true},
+            {&L->wd, "mlp.down_proj.weight", H, F, true},
+        };
+        for (size_t i = 0; i < sizeof(list) / sizeof(list[0]); i++) {
+            if (!list[i].want)
+                continue;
+            snprintf(n, sizeof(n), "model.layers.%d.%s", l, list[i].suffix);
+            if ((rc = s_get(self, w, list[i].dst, n, list[i].d0, list[i].d1, err, errlen)))
+                goto fail;
+        }
+        if (c->qkv_bias && (L->bq.dt != L->wq.dt || L->bk.dt != L->wk.dt || L->bv.dt != L->wv.dt)) {
+            snprintf(err, errlen, "layer %d: q/k/v bias dtype differs from the weight's", l);
+            goto fail;
+        }
+    }
+    return w;
+fail:
+    s_weights_free(self->be, &w);
+    return NULL;
+}
+
+/* --- lifecycle ----------------------------------------------------------------------------- */
+
+static void s_free_acts(eng_model_t *self)
+{
+    eng_backend_t *be = self->be;
+    float **bufs[] = {&self->x, &self->xn, &self->q, &self->k, &self->v, &self->att,
+                      &self->o, &self->gate, &self->up, &self->out_rows, &self->logits};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+        be->free(be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    self->cap_tok = self->cap_rows = 0;
+}
+
+static void s_free_pools(eng_model_t *self)
+{
+    if (self->k_pool)
+        for (int l = 0; l < self->cfg.n_layers; l++) {
+            self->be->free(self->be, self->k_pool[l]);
+            self->be->free(self->be, self->v_pool[l]);
+        }
+    free(self->k_pool);
+    free(self->v_pool);
+    self->k_pool = self->v_pool = NULL;
+    self->n_blocks = 0;
+}
+
+eng_model_t *eng_model_new(const char *dir, eng_backend_t *be, char *err, size_t errlen)
+{
+    eng_model_t *self = calloc(1, sizeof(*self));
+    if (!self) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    self->be = be;
+    if (eng_config_load(dir, &self->cfg, err, errlen))
+        goto fail;
+    self->w = s_weights_load(self, dir, err, errlen);
+    if (!self->w)
+        goto fail;
+    return self;
+fail:
+    eng_model_destroy(&self);
+    return NULL;
+}
+
+void eng_model_destroy(eng_model_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    eng_model_t *self = *self_p;
+    s_free_acts(self);
+    s_free_pools(self);
+    s_weights_free(self->be, &self->w);
+    free(self);
+    *self_p = NULL;
+}
+
+const eng_model_config_t *eng_model_config(const eng_model_t *self)
+{
+    return &self->cfg;
+}
+
+int eng_model_reload(eng_model_t *self, const char *dir, char *err, size_t errlen)
+{
+    eng_model_config_t cfg;
+    int rc = eng_config_load(dir, &cfg, err, errlen);
+    if (rc)
+        return rc;
+    if (cfg.arch != self->cfg.arch || cfg.hidden != self->cfg.hidden ||
+        cfg.n_layers != self->cfg.n_layers || cfg.n_heads != self->cfg.n_heads ||
+        cfg.n_kv_heads != self->cfg.n_kv_heads || cfg.head_dim != self->cfg.head_dim ||
+        cfg.ffn != self->cfg.ffn || cfg.vocab != self->cfg.vocab ||
+        cfg.tied_embeddings != self->cfg.tied_embeddings) {
+        snprintf(err, errlen, "'%s' has a different architecture or shape than the loaded model",
+                 dir);
+        return ANV_EFORMAT;
+    }
+    s_weights_t *w = s_weights_load(self, dir, err, errlen);
+    if (!w)
+        return ANV_EFORMAT;
+    s_weights_free(self->be, &self->w);
+    self->w = w;
+    self->cfg = cfg;
+    return 0;
+}
+
+size_t eng_model_kv_bytes_per_token(const eng_model_t *self)
+{
+    return 2 * (size_t)self->cfg.n_layers * self->cfg.n_kv_heads * self->cfg.head_dim *
+           eng_dtype_size(self->be->kv_dtype);
+}
+
+int eng_model_kv_reserve(eng_model_t *self, int n_blocks, int block_size)
+{
+    if (n_blocks <= 0 || block_size <= 0)
+        return -EINVAL;
+    s_free_pools(self);
+    int L = self->cfg.n_layers;
+    size_t bytes = (size_t)n_blocks * block_size * self->cfg.n_kv_heads * self->cfg.head_dim *
+                   eng_dtype_size(self->be->kv_dtype);
+    self->k_pool = calloc((size_t)L, sizeof(void *));
+    self->v_pool = calloc((size_t)L, sizeof(void *));
+    if (!self->k_pool || !self->v_pool)
+        goto fail;
+    for (int l = 0; l < L; l++) {
+        self->k_pool[l] = self->be->alloc(self->be, bytes);
+        self->v_pool[l] = self->be->alloc(self->be, bytes);
+        if (!self->k_pool[l] || !self->v_pool[l])
+            goto fail;
+    }
+    self->n_blocks = n_blocks;
+    self->block_size = block_size;
+    return 0;
+fail:
+    s_free_pools(self);
+    return -ENOMEM;
+}
+
+int eng_model_kv_copy(eng_model_t *self, int src, int dst)
+{
+    if (src < 0 || dst < 0 || src >= self->n_blocks || dst >= self->n_blocks)
+        return -EINVAL;
+    for (int l = 0; l < self->cfg.n_layers; l++) {
+        int rc = self->be->copy_block(self->be, self->k_pool[l], self->v_pool[l], src, dst,
+                                      self->block_size, self->cfg.n_kv_heads,
+                                      self->cfg.head_dim);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* --- forward ----------------------------------------------------------------------------- */
+
+static int s_reserve_acts(eng_model_t *self, int n_tok, int n_rows)
+{
+    if (n_tok <= self->cap_tok && n_rows <= self->cap_rows)
+        return 0;
+    int nt = n_tok > self->cap_tok ? n_tok : self->cap_tok;
+    int nr = n_rows > self->cap_rows ? n_rows : self->cap_rows;
+    s_free_acts(self);
+    const eng_model_config_t *c = &self->cfg;
+    eng_backend_t *be = self->be;
+    size_t t = (size_t)nt, H = c->hidden, Q = (size_t)c->n_heads * c->head_dim,
+           KV = (size_t)c->n_kv_heads * c->head_dim, F = c->ffn;
+    self->x = be->alloc(be, t * H * 4);
+    self->xn = be->alloc(be, t * H * 4);
+    self->q = be->alloc(be, t * Q * 4);
+    self->k = be->alloc(be, t * KV * 4);
+    self->v = be->alloc(be, t * KV * 4);
+    self->att = be->alloc(be, t * Q * 4);
+    self->o = be->alloc(be, t * H * 4);
+    self->gate = be->alloc(be, t * F * 4);
+    self->up = be->alloc(be, t * F * 4);
+    self->out_rows = be->alloc(be, (size_t)nr * H * 4);
+    self->logits = be->alloc(be, (size_t)nr * c->vocab * 4);
+    if (!self->x || !self->xn || !self->q || !self->k || !self->v || !self->att || !self->o ||
+        !self->gate || !self->up || !self->out_rows || !self->logits) {
+        s_free_acts(self);
+        return -ENOMEM;
+    }
+    self->cap_tok = nt;
+    self->cap_rows = nr;
+    return 0;
+}
+
+static int s_check_batch(const eng_model_t *self, const eng_forward_t *b)
+{
+    const eng_attn_batch_t *a = &b->attn;
+    int slots = self->n_blocks * self->block_size;
+    if (!self->k_pool || b->n_tok <= 0 || a->n_seq <= 0 || a->q_start[0] != 0 ||
+        a->q_start[a->n_seq] != b->n_tok)
+        return -EINVAL;
+    for (int t = 0; t < b->n_tok; t++)
+        if (b->tokens[t] < 0 || b->tokens[t] >= self->cfg.vocab || b->slots[t] < 0 ||
+            b->slots[t] >= slots || b->pos[t] < 0)
+            return -EINVAL;
+    for (int s = 0; s < a->n_seq; s++) {
+        int nq = a->q_start[s + 1] - a->q_start[s];
+        if (nq <= 0 || a->ctx_len[s] < nq ||
+            (a->ctx_len[s] + self->block_size - 1) / self->block_size > a->max_blocks)
+            return -EINVAL;
+        int nb = (a->ctx_len[s] + self->block_size - 1) / self->block_size;
+        for (int i = 0; i < nb; i++) {
+            int32_t blk = a->block_tables[(size_t)s * a->max_blocks + i];
+            if (blk < 0 || blk >= self->n_blocks)
+                return -EINVAL;
+        }
+    }
+    for (int r = 0; r < b->n_rows; r++)
+        if (b->rows[r] < 0 || b->rows[r] >= b->n_tok)
+            return -EINVAL;
+    return 0;
+}
+
+int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, float *logprobs)
+{
+    int rc = s_check_batch(self, b);
+    if (rc)
+        return rc;
+    if ((rc = s_reserve_acts(self, b->n_tok, b->n_rows)))
+        return rc;
+    const eng_model_config_t *c = &self->cfg;
+    eng_backend_t *be = self->be;
+    const s_weights_t *w = self->w;
+    int n = b->n_tok, H = c->hidden, Q = c->n_heads * c->head_dim,
+        KV = c->n_kv_heads * c->head_dim, F = c->ffn;
+    float eps = c->rms_eps;
+
+#define S_TRY(call)                                                                               \
+    do {                                                                                          \
+        if ((rc = (call))) {                                                                      \
+            ANV_ERROR("forward pass: '%s' failed: %s", #call, anv_strerror(rc));                  \
+            goto out;                                                                             \
+        }                                                                                         \
+    } while (0)
+
+    S_TRY(be->embedding(be, self->x, w->embed.p, w->embed.dt, b->tokens, n, H));
+    for (int l = 0; l < c->n_layers; l++) {
+        const s_layer_t *L = &w->layers[l];
+        if (l == 0)
+            S_TRY(be->rmsnorm(be, self->xn, self->x, L->in_norm.p, L->in_norm.dt, n, H, eps));
+        else
+            S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, L->in_norm.p, L->in_norm.dt,
+                                  n, H, eps));
+        S_TRY(be->matmul(be, self->q, self->xn, L->wq.p, L->bq.p, L->wq.dt, n, H, Q));
+        S_TRY(be->matmul(be, self->k, self->xn, L->wk.p, L->bk.p, L->wk.dt, n, H, KV));
+        S_TRY(be->matmul(be, self->v, self->xn, L->wv.p, L->bv.p, L->wv.dt, n, H, KV));
+        S_TRY(be->rope(be, self->q, self->k, b->pos, n, c->n_heads, c->n_kv_heads, c->head_dim,
+                       c->rope_theta));
+        S_TRY(be->kv_store(be, self->k_pool[l], self->v_pool[l], self->k, self->v, b->slots, n,
+                           c->n_kv_heads, c->head_dim));
+        S_TRY(be->attention(be, self->att, self->q, self->k_pool[l], self->v_pool[l], &b->attn,
+                            c->n_heads, c->n_kv_heads, c->head_dim, self->block_size));
+        S_TRY(be->matmul(be, self->o, self->att, L->wo.p, NULL, L->wo.dt, n, Q, H));
+        S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, L->post_norm.p, L->post_norm.dt,
+                              n, H, eps));
+        S_TRY(be->matmul(be, self->gate, self->xn, L->wg.p, NULL, L->wg.dt, n, H, F));
+        S_TRY(be->matmul(be, self->up, self->xn, L->wu.p, NULL, L->wu.dt, n, H, F));
+        S_TRY(be->swiglu(be, self->gate, self->gate, self->up, n, F));
+        /* the MLP output goes to o; the next layer's (or the final) add_rmsnorm adds it */
+        S_TRY(be->matmul(be, self->o, self->gate, L->wd.p, NULL, L->wd.dt, n, F, H));
+    }
+    S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, w->final_norm.p, w->final_norm.dt, n,
+                          H, eps));
+    if (b->n_rows > 0) {
+        size_t bytes = (size_t)b->n_rows * c->vocab * sizeof(float);
+        S_TRY(be->gather_rows(be, self->out_rows, self->xn, b->rows, b->n_rows, H));
+        S_TRY(be->matmul(be, self->logits, self->out_rows, w->lm_head.p, NULL, w->lm_head.dt,
+                         b->n_rows, H, c->vocab));
+        if (logits)
+            S_TRY(be->download(be, logits, self->logits, bytes));
+        if (logprobs) {
+            S_TRY(be->log_softmax(be, self->logits, self->logits, b->n_rows, c->vocab));
+            S_TRY(be->download(be, logprobs, self->logits, bytes));
+        }
+    }
+    rc = be->sync(be);
+#undef S_TRY
+out:
+    return rc;
+}

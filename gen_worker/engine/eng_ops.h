@@ -1,0 +1,151 @@
+/*  eng_ops.h - the backend ops interface of the generation engine.
+
+    Everything above this line (loader, tokenizer, chat template, KV block manager, scheduler,
+    sampler) is backend-independent; everything that touches activations, weights or the KV
+    cache goes through one `eng_backend_t`, a table of function pointers plus an opaque state.
+    cpu/ is the readable reference (plain loops, fp32 math) and the oracle of the tests; cuda/
+    implements the same table and is tested op by op against it.
+
+    Memory: every pointer an op receives is a backend pointer ("device memory"; host memory for
+    the CPU backend) obtained from `alloc` or `weight`, except the small int32 index arrays
+    marked "host" below, which stay in host memory so that the scheduler can build them freely
+    (a device backend copies them itself). Activations are always fp32 row-major. Weights keep
+    their checkpoint dtype (bf16, fp16 or fp32) and HF nn.Linear layout (out_features,
+    in_features); the ops widen them to fp32 as they read.
+
+    KV cache: per layer one K and one V pool, each (n_blocks, block_size, n_kv_head, head_dim) in
+    the backend's `kv_dtype` (fp32 on the CPU). A token's cache slot is
+    block_id * block_size + offset. A sequence's block table lists its blocks in order; token t
+    of the sequence lives in block_table[t / block_size] at offset t % block_size.
+
+    Errors: ops validate what they can cheaply (NULL pointers, zero sizes) and return 0 or a
+    negative ANV_E* code; shapes are the caller's responsibility (the model checks them once at
+    load time). A backend object belongs to one thread (the engine's); it may use worker threads
+    internally.
+*/
+#ifndef ENG_OPS_H
+#define ENG_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    ENG_DTYPE_F32 = 0,
+    ENG_DTYPE_F16 = 1,
+    ENG_DTYPE_BF16 = 2,
+} eng_dtype_t;
+
+/* Size in bytes of one element, 0 for an unknown value. */
+size_t eng_dtype_size(eng_dtype_t dtype);
+const char *eng_dtype_name(eng_dtype_t dtype);
+
+/* One step's attention batch: n_seq sequences, sequence s contributes the query tokens
+   [q_start[s], q_start[s+1]) of the step (prefill chunks and single decode tokens mixed), and
+   after this step's K/V are stored it holds ctx_len[s] tokens. Query token i of sequence s
+   (0-based within the sequence's chunk) is at position ctx_len[s] - n_q(s) + i and attends
+   causally to cache positions 0 .. that position. All arrays are host memory. */
+typedef struct {
+    int n_seq;
+    const int32_t *q_start;      /* (n_seq + 1) host */
+    const int32_t *ctx_len;      /* (n_seq) host */
+    const int32_t *block_tables; /* (n_seq, max_blocks) host, row-major */
+    int max_blocks;              /* row stride of block_tables */
+} eng_attn_batch_t;
+
+typedef struct eng_backend eng_backend_t;
+
+struct eng_backend {
+    const char *name;       /* "cpu", "cuda" */
+    eng_dtype_t kv_dtype;   /* dtype of the KV pools */
+    void *state;            /* backend private */
+
+    /* --- memory ------------------------------------------------------------------------- */
+    /* Allocates `bytes` of zeroed backend memory; NULL on failure (logged). */
+    void *(*alloc)(eng_backend_t *be, size_t bytes);
+    /* Frees memory from alloc; NULL is accepted. */
+    void (*free)(eng_backend_t *be, void *ptr);
+    /* Makes a checkpoint tensor usable by the ops: returns a backend pointer to `bytes` bytes
+       equal to `host` (which is mmap'd and outlives the backend object). The CPU backend
+       returns `host` itself; a device backend copies. Release with weight_release. */
+    void *(*weight)(eng_backend_t *be, const void *host, size_t bytes);
+    void (*weight_release)(eng_backend_t *be, void *ptr);
+    /* Copies between host and backend memory. */
+    int (*upload)(eng_backend_t *be, void *dst, const void *host_src, size_t bytes);
+    int (*download)(eng_backend_t *be, void *host_dst, const void *src, size_t bytes);
+    /* Waits for queued work (a no-op on the CPU). */
+    int (*sync)(eng_backend_t *be);
+
+    /* --- ops ---------------------------------------------------------------------------- */
+    /* out (n_tok, dim) f32 = table[ids[t]] widened to fp32.
+       table (vocab, dim) `dtype`; ids (n_tok) host, each in [0, vocab) (checked by caller). */
+    int (*embedding)(eng_backend_t *be, float *out, const void *table, eng_dtype_t dtype,
+                     const int32_t *ids, int n_tok, int dim);
+
+    /* out (n, dim) f32 = x / sqrt(mean(x^2) + eps) * w, the HF LlamaRMSNorm (fp32 math).
+       x (n, dim) f32; w (dim) `dtype`. out may equal x. */
+    int (*rmsnorm)(eng_backend_t *be, float *out, const float *x, const void *w,
+                   eng_dtype_t dtype, int n, int dim, float eps);
+
+    /* Fused residual add + RMSNorm: residual (n, dim) f32 += delta (n, dim) f32, then
+       out (n, dim) f32 = rmsnorm(residual) * w. */
+    int (*add_rmsnorm)(eng_backend_t *be, float *out, float *residual, const float *delta,
+                       const void *w, eng_dtype_t dtype, int n, int dim, float eps);
+
+    /* out (n, out_dim) f32 = x (n, in_dim) f32 @ W^T + bias.
+       W (out_dim, in_dim) `dtype` (nn.Linear layout); bias (out_dim) `dtype` or NULL. */
+    int (*matmul)(eng_backend_t *be, float *out, const float *x, const void *w,
+                  const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim);
+
+    /* Rotary embedding in place, HF rotate_half convention (the two halves of each head are
+       the pair, not interleaved): for i < head_dim/2, with f = pos * theta^(-2i/head_dim)
+       (fp32, as HF computes inv_freq), x[i] <- x[i] cos f - x[i + d/2] sin f and
+       x[i + d/2] <- x[i + d/2] cos f + x[i] sin f.
+       q (n_tok, n_head, head_dim) f32; k (n_tok, n_kv_head, head_dim) f32;
+       pos (n_tok) host. */
+    int (*rope)(eng_backend_t *be, float *q, float *k, const int32_t *pos, int n_tok,
+                int n_head, int n_kv_head, int head_dim, float theta);
+
+    /* Stores this step's keys and values into the paged pools of one layer.
+       k, v (n_tok, n_kv_head, head_dim) f32; k_cache, v_cache (n_blocks, block_size,
+       n_kv_head, head_dim) kv_dtype; slots (n_tok) host: cache slot of each token. */
+    int (*kv_store)(eng_backend_t *be, void *k_cache, void *v_cache, const float *k,
+                    const float *v, const int32_t *slots, int n_tok, int n_kv_head,
+                    int head_dim);
+
+    /* Causal GQA attention over the paged cache of one layer (K/V of this step already
+       stored): out (n_tok, n_head, head_dim) f32 = softmax(q k^T / sqrt(head_dim)) v, query
+       head h reading KV head h / (n_head / n_kv_head). q (n_tok, n_head, head_dim) f32;
+       k_cache, v_cache (n_blocks, block_size, n_kv_head, head_dim) kv_dtype; n_tok equals
+       batch->q_start[batch->n_seq]. */
+    int (*attention)(eng_backend_t *be, float *out, const float *q, const void *k_cache,
+                     const void *v_cache, const eng_attn_batch_t *batch, int n_head,
+                     int n_kv_head, int head_dim, int block_size);
+
+    /* Copies one KV block (all layers' pools are separate calls): pools (n_blocks,
+       block_size, n_kv_head, head_dim) kv_dtype; block dst <- block src. Copy-on-write. */
+    int (*copy_block)(eng_backend_t *be, void *k_cache, void *v_cache, int src, int dst,
+                      int block_size, int n_kv_head, int head_dim);
+
+    /* out (n, ffn) f32 = silu(gate) * up; gate, up (n, ffn) f32. out may equal gate. */
+    int (*swiglu)(eng_backend_t *be, float *out, const float *gate, const float *up, int n,
+                  int ffn);
+
+    /* out (n_rows, dim) f32 = x[rows[r]]; x (n_tok, dim) f32; rows (n_rows) host. */
+    int (*gather_rows)(eng_backend_t *be, float *out, const float *x, const int32_t *rows,
+                       int n_rows, int dim);
+
+    /* out (n, vocab) f32 = log_softmax(logits) per row (max-subtracted, fp32 sums in double
+       on the CPU). out may equal logits. */
+    int (*log_softmax)(eng_backend_t *be, float *out, const float *logits, int n, int vocab);
+
+    /* Frees the backend's state and the struct itself (memory from alloc must be freed
+       first). Accepts NULL; sets *be_p to NULL. */
+    void (*destroy)(eng_backend_t **be_p);
+};
+
+/* Creates a backend by name ("cpu"; "cuda" when built with ANVIL_CUDA). n_threads applies to
+   the CPU backend (0 = one per core). Returns NULL with the reason logged when the name is
+   unknown or the backend cannot start. */
+eng_backend_t *eng_backend_new(const char *name, int n_threads);
+
+#endif

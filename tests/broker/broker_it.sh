@@ -1,0 +1,337 @@
+#!/usr/bin/env bash
+# broker_it.sh SCENARIO - integration tests of anvil-broker: a private redis-server (AOF on),
+# the real broker and real worker processes built on anvil_broker_client (broker_test_worker),
+# driven by broker_test_client. Assertions are on what lands in Redis and what the client
+# prints. Scenarios: basic score resubmit watch worker_kill broker_kill redis_restart cancel
+# priority fair_share dead_letter garbage weights.
+set -euo pipefail
+scenario=${1:?usage: broker_it.sh SCENARIO}
+here=$(cd "$(dirname "$0")" && pwd)
+src=${ANVIL_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
+build=${ANVIL_BUILD_DIR:-$src/build}
+BROKER=$build/broker/anvil-broker
+WORKER=$build/tests/broker/broker_test_worker
+CLIENT=$build/tests/broker/broker_test_client
+for b in "$BROKER" "$WORKER" "$CLIENT"; do
+    [ -x "$b" ] || { echo "SKIP: $b not built"; exit 77; }
+done
+command -v redis-server >/dev/null || { echo "SKIP: no redis-server"; exit 77; }
+
+D=$(mktemp -d /tmp/anvil-broker-it.XXXXXX)
+declare -A PIDS=()
+BPID=
+ok=0
+cleanup() {
+    for p in "${PIDS[@]}" $BPID; do { kill -9 "$p" && wait "$p"; } 2>/dev/null || true; done
+    [ -f "$D/redis.pid" ] && kill -9 "$(cat "$D/redis.pid")" 2>/dev/null || true
+    if [ $ok = 0 ]; then
+        echo "---- broker log (tail)"; tail -40 "$D/broker.log" 2>/dev/null || true
+        for f in "$D"/*.log; do [ "$f" = "$D/broker.log" ] || { echo "---- $f"; tail -5 "$f"; }; done
+    fi
+    rm -rf "$D"
+}
+trap cleanup EXIT
+fail() { echo "FAIL [$scenario]: $*"; exit 1; }
+pass() { echo "PASS [$scenario]: $*"; }
+
+pick_port() { # a free loopback port, not one of those already picked
+    local p
+    while :; do
+        p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
+        ss -Htln 2>/dev/null | awk '{print $4}' | grep -q ":$p\$" && continue
+        [[ " ${PICKED:-} " == *" $p "* ]] && continue
+        PICKED="${PICKED:-} $p"
+        echo $p
+        return
+    done
+}
+PICKED=
+RPORT=$(pick_port); PICKED="$RPORT"; CPORT=$(pick_port); PICKED="$PICKED $CPORT"
+WPORT=$(pick_port)
+CEP=tcp://127.0.0.1:$CPORT
+WEP=tcp://127.0.0.1:$WPORT
+HB=200
+
+start_redis() { # same port and dir every time, so a restart finds its AOF
+    redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$D" --appendonly yes \
+        --appendfsync everysec --save '' --daemonize yes --pidfile "$D/redis.pid" \
+        --logfile "$D/redis.log" >/dev/null
+    for _ in $(seq 1 100); do
+        redis-cli -p "$RPORT" ping 2>/dev/null | grep -q PONG && return 0
+        sleep 0.05
+    done
+    fail "redis did not start"
+}
+rc() { redis-cli -p "$RPORT" "$@"; }
+start_broker() {
+    "$BROKER" --redis-url "redis://127.0.0.1:$RPORT" --client-endpoint "$CEP" \
+        --worker-endpoint "$WEP" --heartbeat-ms $HB "$@" >>"$D/broker.log" 2>&1 &
+    BPID=$!
+    for _ in $(seq 1 100); do
+        "$CLIENT" workers --endpoint "$CEP" --timeout-s 1 >/dev/null 2>&1 && return 0
+        kill -0 $BPID 2>/dev/null || fail "broker exited"
+        sleep 0.05
+    done
+    fail "broker does not answer"
+}
+start_worker() { # name args...
+    local name=$1; shift
+    "$WORKER" --endpoint "$WEP" --id "$name" --heartbeat-ms $HB --log "$D/$name.units" "$@" \
+        >>"$D/$name.log" 2>&1 &
+    PIDS[$name]=$!
+}
+client() { "$CLIENT" "$@" --endpoint "$CEP"; }
+submit() { client submit "$@" | awk '/^job/{print $2}'; }
+field() { # status-line FIELD
+    tr ' ' '\n' <<<"$1" | awk -F= -v k="$2" '$1==k{print $2}'
+}
+status() { client status "$1"; }
+wait_done() { # job [timeout]
+    client wait "$1" --timeout-s "${2:-60}" || fail "job $1 did not finish"
+}
+metric() { rc hget anv:broker:metrics "$1"; }
+units_of() { grep -c "^unit " "$D/$1.units" 2>/dev/null || echo 0; }
+# every sample recorded exactly once: results pages, the Redis hash and the counters agree
+exactly_once() { # job expected
+    local out st
+    out=$(client results "$1") || fail "results of $1: $out"
+    [ "$out" = "results $2 unique $2 duplicates 0 errors 0 correct $(awk '{print $10}' <<<"$out")" ] ||
+        fail "results of $1: '$out', want $2 unique"
+    [ "$(rc hlen "anv:job:$1:res")" = "$2" ] || fail "anv:job:$1:res has $(rc hlen "anv:job:$1:res"), want $2"
+    st=$(status "$1")
+    [ "$(field "$st" generated)" = "$2" ] || fail "generated counter: $st"
+    [ "$(field "$st" state)" = "done" ] || fail "state: $st"
+}
+wait_units() { # worker count
+    for _ in $(seq 1 400); do
+        [ "$(units_of "$1")" -ge "$2" ] && return 0
+        sleep 0.05
+    done
+    fail "worker $1 got fewer than $2 units"
+}
+
+start_redis
+start_broker
+
+case "$scenario" in
+basic)
+    start_worker w1 --slots 32
+    start_worker w2 --slots 32
+    j=$(submit --tasks 300 --n 3 --chunk 64)
+    wait_done "$j"
+    exactly_once "$j" 900
+    sleep $(( HB * 6 / 1000 + 1 ))
+    [ "$(metric results_duplicate)" = 0 ] || fail "duplicates counted"
+    [ "$(rc zcard anv:leases)" = 0 ] || fail "leases left: $(rc zcard anv:leases)"
+    [ "$(rc sismember anv:active "$j")" = 0 ] || fail "job still active"
+    # both workers took part, and no worker held more than its credit (32)
+    [ "$(units_of w1)" -gt 0 ] && [ "$(units_of w2)" -gt 0 ] || fail "one worker idle"
+    pass "900 samples recorded once, leases released, both workers used"
+    ;;
+score)
+    start_worker g1 --slots 16
+    start_worker x1 --kind exec --slots 16
+    j=$(submit --tasks 100 --n 2 --score)
+    wait_done "$j"
+    st=$(status "$j")
+    [ "$(field "$st" scored)" = 200 ] && [ "$(field "$st" correct)" = 200 ] || fail "$st"
+    out=$(client results "$j")
+    [ "$out" = "results 200 unique 200 duplicates 0 errors 0 correct 200" ] || fail "$out"
+    [ "$(rc hlen "anv:job:$j:exec")" = 200 ] || fail "exec results in redis"
+    pass "gen -> exec pipeline: 200 samples scored once, job done after scoring"
+    ;;
+resubmit)
+    start_worker w1
+    out=$(client submit --tasks 50 --custom-ids --idem key-1 --chunk 7)
+    j=$(awk '/^job/{print $2}' <<<"$out")
+    grep -q "accepted 50 skipped 0 existing 0" <<<"$out" || fail "first submit: $out"
+    wait_done "$j"
+    out=$(client submit --tasks 50 --custom-ids --idem key-1 --chunk 7)
+    grep -q "^job $j$" <<<"$out" || fail "idempotency key gave another job: $out"
+    grep -q "accepted 0 skipped 50 existing 1" <<<"$out" || fail "re-submit: $out"
+    [ "$(rc hlen "anv:job:$j:tasks")" = 50 ] || fail "tasks stored twice"
+    exactly_once "$j" 50
+    # strict durability: refused under appendfsync everysec on redis 7.0, accepted under always
+    if client submit --tasks 3 --strict >"$D/strict.out" 2>&1; then
+        [ "$(rc config get appendfsync | tail -1)" = always ] || fail "strict accepted under everysec"
+    else
+        grep -q "strict durability needs" "$D/strict.out" || fail "strict refusal: $(cat "$D/strict.out")"
+    fi
+    rc config set appendfsync always >/dev/null
+    out=$(client submit --tasks 3 --strict)
+    grep -q "accepted 3" <<<"$out" || fail "strict submit under appendfsync always: $out"
+    pass "re-submit with the same key and custom ids queued nothing twice; strict durability checked"
+    ;;
+watch)
+    j=$(submit --tasks 20)
+    out=$(client watch "$j" --from 0)
+    grep -q "^events 1 " <<<"$out" || fail "before work: $out"
+    # a long poll parked before any worker exists is answered when events arrive
+    client watch "$j" --from "$(awk '{print $4}' <<<"$out")" --block-ms 20000 >"$D/poll.out" &
+    poll=$!
+    sleep 0.5
+    start_worker w1
+    wait "$poll" || fail "long poll failed"
+    grep -Eq "^events [1-9]" "$D/poll.out" || fail "long poll: $(cat "$D/poll.out")"
+    wait_done "$j"
+    out=$(client watch "$j" --from 0)
+    grep -q "^events 22 " <<<"$out" || fail "all events: $out"
+    grep -q "sample=20" <<<"$out" && grep -q "done=1" <<<"$out" || fail "event types: $out"
+    last=$(awk '{print $4}' <<<"$out")
+    out=$(client watch "$j" --from "$last")
+    grep -q "^events 0 " <<<"$out" || fail "resume from the last offset: $out"
+    pass "events resumable from an offset; long poll answered on new events"
+    ;;
+worker_kill)
+    start_worker w1 --slots 8 --sleep-ms 20
+    start_worker w2 --slots 8 --sleep-ms 20
+    j=$(submit --tasks 200)
+    wait_units w1 20
+    { kill -9 "${PIDS[w1]}" && wait "${PIDS[w1]}"; } 2>/dev/null || true
+    wait_done "$j" 90
+    exactly_once "$j" 200
+    sleep 1.5
+    [ "$(metric workers_lost)" -ge 1 ] || fail "worker loss not detected"
+    [ "$(metric units_redispatched)" -ge 1 ] || fail "nothing re-dispatched"
+    # a unit w1 held when it died was run again by w2
+    again=0
+    for t in $(awk '/^unit/{print $4}' "$D/w1.units" | tail -8); do
+        grep -q "^unit g\.$j\.$t\.2\." "$D/w2.units" && again=$((again + 1))
+    done
+    [ $again -ge 1 ] || fail "no unit of the dead worker re-dispatched as attempt 2"
+    pass "killed worker's units re-dispatched ($again seen as attempt 2), each recorded once"
+    ;;
+broker_kill)
+    start_worker w1 --slots 16 --sleep-ms 5
+    start_worker w2 --slots 16 --sleep-ms 5
+    j=$(submit --tasks 400 --n 2)
+    for _ in $(seq 1 200); do
+        [ "$(rc hget "anv:job:$j" generated)" -ge 100 ] 2>/dev/null && break
+        sleep 0.02
+    done
+    { kill -9 $BPID && wait $BPID; } 2>/dev/null || true
+    sleep 1
+    start_broker --lease-ms 3000
+    wait_done "$j" 90
+    exactly_once "$j" 800
+    grep -q "restored job" "$D/broker.log" || fail "restart did not restore the job"
+    pass "broker SIGKILLed mid-job and restarted: 800 samples, none lost or doubled"
+    ;;
+redis_restart)
+    start_worker w1 --slots 16 --sleep-ms 5
+    start_worker w2 --slots 16 --sleep-ms 5
+    j=$(submit --tasks 400 --n 2)
+    for _ in $(seq 1 200); do
+        [ "$(rc hget "anv:job:$j" generated)" -ge 100 ] 2>/dev/null && break
+        sleep 0.02
+    done
+    kill -9 "$(cat "$D/redis.pid")"
+    sleep 1.5
+    start_redis
+    wait_done "$j" 90
+    exactly_once "$j" 800
+    [ "$(metric redis_errors)" -ge 1 ] || fail "the outage was not noticed"
+    pass "redis SIGKILLed and restarted from its AOF mid-job: 800 samples, none lost or doubled"
+    ;;
+cancel)
+    start_worker w1 --slots 4 --sleep-ms 20
+    j=$(submit --tasks 500)
+    wait_units w1 20
+    out=$(client cancel "$j")
+    n=$(awk '/^cancelled/{print $2}' <<<"$out")
+    [ "${n:-0}" -gt 400 ] || fail "cancel: $out"
+    st=$(status "$j")
+    [ "$(field "$st" state)" = cancelled ] || fail "$st"
+    sleep 0.5
+    g1=$(rc hget "anv:job:$j" generated)
+    sleep 1.5
+    g2=$(rc hget "anv:job:$j" generated)
+    [ "$g1" = "$g2" ] || fail "work continued after cancel ($g1 -> $g2)"
+    [ "$g2" -lt 500 ] || fail "everything ran"
+    grep -q "^cancel $j" "$D/w1.units" || fail "worker was not told to cancel"
+    [ "$(rc zcard anv:leases)" = 0 ] || fail "leases left"
+    pass "cancel stopped dispatch ($n units will not run) and told the worker"
+    ;;
+priority)
+    start_worker w1 --slots 1 --sleep-ms 2
+    a=$(submit --tasks 300 --name low)
+    wait_units w1 10
+    b=$(submit --tasks 30 --priority 5 --name high)
+    wait_done "$a" 120
+    wait_done "$b" 10
+    lastb=$(grep -n " $b " "$D/w1.units" | tail -1 | cut -d: -f1)
+    after=$(tail -n +"$lastb" "$D/w1.units" | grep -c " $a " || true)
+    [ "$after" -ge 150 ] || fail "high priority job not served first ($after low units after it)"
+    pass "priority 5 job finished with $after units of the priority 0 job still to go"
+    ;;
+fair_share)
+    start_worker w1 --slots 1 --sleep-ms 2
+    c=$(submit --tasks 400 --name big)
+    wait_units w1 10
+    d=$(submit --tasks 20 --name small)
+    wait_done "$c" 120
+    wait_done "$d" 10
+    firstd=$(grep -n " $d " "$D/w1.units" | head -1 | cut -d: -f1)
+    lastd=$(grep -n " $d " "$D/w1.units" | tail -1 | cut -d: -f1)
+    between=$(sed -n "${firstd},${lastd}p" "$D/w1.units" | grep -c " $c " || true)
+    after=$(tail -n +"$lastd" "$D/w1.units" | grep -c " $c " || true)
+    [ "$between" -le 40 ] || fail "small job starved: $between big units while it ran"
+    [ "$after" -ge 200 ] || fail "small job waited behind the big one ($after after it)"
+    pass "small job interleaved ($between big units during its 20) and done early ($after to go)"
+    ;;
+dead_letter)
+    start_worker bad --fail
+    j=$(submit --tasks 5 --n 2 --max-attempts 3)
+    wait_done "$j"
+    st=$(status "$j")
+    [ "$(field "$st" dead)" = 10 ] || fail "$st"
+    [ "$(rc hget "anv:job:$j:att" g:0)" = 3 ] || fail "attempts: $(rc hget "anv:job:$j:att" g:0)"
+    rc hget "anv:job:$j:dead" 0:1 | grep -q "attempts=3 test worker fails every unit" ||
+        fail "last error: $(rc hget "anv:job:$j:dead" 0:1)"
+    [ "$(rc zcard anv:deadletter)" = 5 ] || fail "dead-letter set"
+    out=$(client results "$j")
+    [ "$out" = "results 10 unique 10 duplicates 0 errors 10 correct 0" ] || fail "$out"
+    # put them back with a working worker: they complete
+    { kill -9 "${PIDS[bad]}" && wait "${PIDS[bad]}"; } 2>/dev/null || true
+    start_worker good
+    out=$(client retry "$j")
+    [ "$out" = "requeued 5" ] || fail "retry: $out"
+    wait_done "$j"
+    st=$(status "$j")
+    [ "$(field "$st" generated)" = 10 ] && [ "$(field "$st" dead)" = 0 ] || fail "after retry: $st"
+    pass "dead-lettered after 3 attempts with the last error; retry re-ran them"
+    ;;
+garbage)
+    client garbage --count 200 >/dev/null
+    "$CLIENT" garbage --endpoint "$WEP" --count 200 >/dev/null
+    sleep $(( HB * 3 / 1000 + 1 ))
+    kill -0 $BPID || fail "broker died"
+    for s in client worker; do
+        for k in malformed version empty frames; do
+            v=$(metric ${s}_rejected_$k)
+            [ "${v:-0}" -ge 1 ] || fail "${s}_rejected_$k = ${v:-unset}"
+        done
+    done
+    grep -q "rejected message" "$D/broker.log" || fail "rejections not logged"
+    start_worker w1
+    j=$(submit --tasks 50)
+    wait_done "$j"
+    exactly_once "$j" 50
+    pass "hostile bytes on both sockets counted ($(metric worker_rejected_malformed) malformed on the worker socket) and logged; broker kept serving"
+    ;;
+weights)
+    start_worker g1
+    start_worker g2
+    start_worker x1 --kind exec
+    sleep 0.5
+    out=$(client weights --version 7)
+    [ "$out" = "weights version 7 workers 2" ] || fail "$out"
+    sleep $(( HB * 2 / 1000 + 1 ))
+    [ "$(client workers | grep -c "kind=1 .*version=7")" = 2 ] || fail "$(client workers)"
+    pass "update_weights answered once both gen workers loaded v7"
+    ;;
+*)
+    fail "unknown scenario"
+    ;;
+esac
+ok=1

@@ -1,0 +1,147 @@
+/*  test_eng_kv.c - the KV block manager: allocation, refcounts, fork, copy-on-write,
+    all-or-nothing appends and the peak counter. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "eng_kv.h"
+
+static void test_append_slots(void **state)
+{
+    eng_kv_t *kv = eng_kv_new(8, 4);
+    eng_kv_seq_t s = {0};
+    int32_t slots[16];
+    eng_kv_copy_t copy;
+    assert_int_equal(eng_kv_blocks_needed(kv, &s, 6), 2);
+    assert_int_equal(eng_kv_append(kv, &s, 6, slots, &copy), 0);
+    assert_int_equal(copy.src, -1);
+    assert_int_equal(s.n_tokens, 6);
+    assert_int_equal(s.n_blocks, 2);
+    for (int t = 0; t < 6; t++)
+        assert_int_equal(slots[t], s.blocks[t / 4] * 4 + t % 4);
+    assert_int_equal(eng_kv_free_blocks(kv), 6);
+    assert_int_equal(eng_kv_blocks_needed(kv, &s, 2), 0);
+    assert_int_equal(eng_kv_blocks_needed(kv, &s, 3), 1);
+    eng_kv_release(kv, &s);
+    assert_int_equal(eng_kv_free_blocks(kv), 8);
+    assert_int_equal(eng_kv_peak_blocks(kv), 2);
+    eng_kv_seq_free(&s);
+    eng_kv_destroy(&kv);
+    assert_null(kv);
+}
+
+static void test_fork_cow(void **state)
+{
+    eng_kv_t *kv = eng_kv_new(8, 4);
+    eng_kv_seq_t a = {0}, b = {0}, c = {0};
+    int32_t slots[8];
+    eng_kv_copy_t copy;
+    assert_int_equal(eng_kv_append(kv, &a, 6, slots, &copy), 0); /* 1 full + 1 partial */
+    assert_int_equal(eng_kv_fork(kv, &a, &b), 0);
+    assert_int_equal(eng_kv_fork(kv, &a, &c), 0);
+    assert_int_equal(eng_kv_refcount(kv, a.blocks[0]), 3);
+    assert_int_equal(eng_kv_refcount(kv, a.blocks[1]), 3);
+    assert_int_equal(eng_kv_free_blocks(kv), 6);
+    int32_t shared_partial = a.blocks[1];
+    /* b writes into the shared partial block: it gets a private copy */
+    assert_int_equal(eng_kv_blocks_needed(kv, &b, 1), 1);
+    assert_int_equal(eng_kv_append(kv, &b, 1, slots, &copy), 0);
+    assert_int_equal(copy.src, shared_partial);
+    assert_int_not_equal(copy.dst, shared_partial);
+    assert_int_equal(b.blocks[1], copy.dst);
+    assert_int_equal(b.blocks[0], a.blocks[0]); /* the full block stays shared */
+    assert_int_equal(slots[0], copy.dst * 4 + 2);
+    assert_int_equal(eng_kv_refcount(kv, shared_partial), 2);
+    assert_int_equal(eng_kv_refcount(kv, copy.dst), 1);
+    /* c copies too; then a is the last owner and appends in place */
+    assert_int_equal(eng_kv_append(kv, &c, 1, slots, &copy), 0);
+    assert_int_not_equal(copy.src, -1);
+    assert_int_equal(eng_kv_refcount(kv, shared_partial), 1);
+    assert_int_equal(eng_kv_append(kv, &a, 1, slots, &copy), 0);
+    assert_int_equal(copy.src, -1);
+    assert_int_equal(slots[0], shared_partial * 4 + 2);
+    assert_int_equal(eng_kv_refcount(kv, a.blocks[0]), 3);
+    eng_kv_release(kv, &b);
+    eng_kv_release(kv, &c);
+    assert_int_equal(eng_kv_refcount(kv, a.blocks[0]), 1);
+    eng_kv_release(kv, &a);
+    assert_int_equal(eng_kv_free_blocks(kv), 8);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(eng_kv_refcount(kv, i), 0);
+    eng_kv_seq_free(&a);
+    eng_kv_seq_free(&b);
+    eng_kv_seq_free(&c);
+    eng_kv_destroy(&kv);
+}
+
+static void test_fork_full_block_no_copy(void **state)
+{
+    eng_kv_t *kv = eng_kv_new(4, 4);
+    eng_kv_seq_t a = {0}, b = {0};
+    int32_t slots[8];
+    eng_kv_copy_t copy;
+    assert_int_equal(eng_kv_append(kv, &a, 4, slots, &copy), 0);
+    assert_int_equal(eng_kv_fork(kv, &a, &b), 0);
+    assert_int_equal(eng_kv_blocks_needed(kv, &b, 1), 1); /* a new block, not a copy */
+    assert_int_equal(eng_kv_append(kv, &b, 1, slots, &copy), 0);
+    assert_int_equal(copy.src, -1);
+    assert_int_equal(eng_kv_refcount(kv, a.blocks[0]), 2);
+    eng_kv_release(kv, &a);
+    eng_kv_release(kv, &b);
+    eng_kv_seq_free(&a);
+    eng_kv_seq_free(&b);
+    eng_kv_destroy(&kv);
+}
+
+static void test_enospc_changes_nothing(void **state)
+{
+    eng_kv_t *kv = eng_kv_new(3, 2);
+    eng_kv_seq_t a = {0}, b = {0};
+    int32_t slots[8];
+    eng_kv_copy_t copy;
+    assert_int_equal(eng_kv_append(kv, &a, 3, slots, &copy), 0); /* 2 blocks */
+    assert_int_equal(eng_kv_fork(kv, &a, &b), 0);
+    assert_int_equal(eng_kv_append(kv, &b, 3, slots, &copy), -ENOSPC); /* cow + 1 > 1 free */
+    assert_int_equal(b.n_tokens, 3);
+    assert_int_equal(b.n_blocks, 2);
+    assert_int_equal(eng_kv_free_blocks(kv), 1);
+    assert_int_equal(eng_kv_refcount(kv, a.blocks[1]), 2);
+    assert_int_equal(eng_kv_append(kv, &b, 1, slots, &copy), 0); /* just the copy fits */
+    assert_int_equal(eng_kv_free_blocks(kv), 0);
+    assert_int_equal(eng_kv_append(kv, &a, 2, slots, &copy), -ENOSPC);
+    assert_int_equal(eng_kv_peak_blocks(kv), 3);
+    eng_kv_release(kv, &a);
+    eng_kv_release(kv, &b);
+    assert_int_equal(eng_kv_free_blocks(kv), 3);
+    eng_kv_seq_free(&a);
+    eng_kv_seq_free(&b);
+    eng_kv_destroy(&kv);
+}
+
+static void test_bad_args(void **state)
+{
+    assert_null(eng_kv_new(0, 16));
+    assert_null(eng_kv_new(4, 0));
+    eng_kv_destroy(NULL);
+    eng_kv_t *kv = NULL;
+    eng_kv_destroy(&kv);
+    kv = eng_kv_new(2, 2);
+    assert_int_equal(eng_kv_refcount(kv, -1), -1);
+    assert_int_equal(eng_kv_refcount(kv, 2), -1);
+    eng_kv_destroy(&kv);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_append_slots),
+        cmocka_unit_test(test_fork_cow),
+        cmocka_unit_test(test_fork_full_block_no_copy),
+        cmocka_unit_test(test_enospc_changes_nothing),
+        cmocka_unit_test(test_bad_args),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
