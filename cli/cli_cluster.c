@@ -741,15 +741,23 @@ int cli_cmd_up(int argc, char **argv)
     char e_broker[300];
     snprintf(e_broker, sizeof e_broker, "ANVIL_BROKER=%s", cl.worker_ep);
     snprintf(e_model, sizeof e_model, "ANVIL_MODEL=%s", cl.model);
+    char e_python[PATH_MAX + 32] = "";
+#ifdef ANVIL_SOURCE_DIR
+    if (access(ANVIL_SOURCE_DIR "/.venv/bin/python", X_OK) == 0)
+        snprintf(e_python, sizeof e_python, "ANVIL_PYTHON=%s", ANVIL_SOURCE_DIR "/.venv/bin/python");
+#endif
     int n_units = n_gpus ? n_gpus : 1;
     for (int k = 0; o.workers && k < 2; k++)
         for (int i = 0; i < n_units; i++) {
             int gpu = n_gpus ? gpus[i] : -1;
             char e_gpu[32];
             snprintf(e_gpu, sizeof e_gpu, "ANVIL_GPU=%d", gpu);
+            /* gen workers take --backend, exec workers --device (and the repo's venv python
+               when there is one) */
             const char *dev = gpu >= 0 ? "ANVIL_DEVICE=cuda" : "ANVIL_DEVICE=cpu";
-            const char *genv[] = {e_broker, e_model, e_gpu, dev, NULL};
-            const char *xenv[] = {e_broker, e_gpu, dev,
+            const char *backend = gpu >= 0 ? "ANVIL_BACKEND=cuda" : "ANVIL_BACKEND=cpu";
+            const char *genv[] = {e_broker, e_model, e_gpu, backend, NULL};
+            const char *xenv[] = {e_broker, e_gpu, dev, e_python[0] ? e_python : "ANVIL_NOP=1",
                                   gpu >= 0 ? NULL : "TRITON_INTERPRET=1", NULL};
             char *wargv[] = {bins[2 + k], NULL};
             if (s_add_proc(&cl, k == 0 ? "gen-worker" : "exec-worker", gpu, bins[2 + k], wargv,
