@@ -757,8 +757,8 @@ int cli_cmd_up(int argc, char **argv)
             const char *dev = gpu >= 0 ? "ANVIL_DEVICE=cuda" : "ANVIL_DEVICE=cpu";
             const char *backend = gpu >= 0 ? "ANVIL_BACKEND=cuda" : "ANVIL_BACKEND=cpu";
             const char *genv[] = {e_broker, e_model, e_gpu, backend, NULL};
-            const char *xenv[] = {e_broker, e_gpu, dev, e_python[0] ? e_python : "ANVIL_NOP=1",
-                                  gpu >= 0 ? NULL : "TRITON_INTERPRET=1", NULL};
+            const char *xenv[] = {e_broker, dev, e_python[0] ? e_python : "ANVIL_NOP=1",
+                                  gpu >= 0 ? e_gpu : "TRITON_INTERPRET=1", NULL};
             char *wargv[] = {bins[2 + k], NULL};
             if (s_add_proc(&cl, k == 0 ? "gen-worker" : "exec-worker", gpu, bins[2 + k], wargv,
                            k == 0 ? genv : xenv))
