@@ -5,16 +5,18 @@
     JSON object per line ({"kind", "task", "candidate", "globals"?, "static_checks"?}, paths
     relative to the file) with one scorer (one sandbox probe, one warm pool) and prints one
     result line each. Exit status: 0 whenever every unit got a verdict, whatever the verdict;
-    1 when something could not be scored; 2 on bad configuration. Serving the broker is the
-    worker loop's job (not yet wired: it calls exec_scorer_score() the same way).
+    1 when something could not be scored; 2 on bad configuration. Without either, the worker
+    serves the broker (exec_serve.h) with the same scorer until SIGTERM/SIGINT.
 */
 #include "anv_config.h"
 #include "anv_error.h"
 #include "anv_log.h"
 #include "exec_reward.h"
 #include "exec_score.h"
+#include "exec_serve.h"
 
 #include <cjson/cJSON.h>
+#include <czmq.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -37,7 +39,7 @@ typedef struct {
     bool score_once, json, pretty, log_json, static_checks, flush_l2, interpret;
     char *score_batch, *kind, *task, *candidate, *device, *globals, *log_level;
     char *sandbox_mode, *bwrap, *launcher, *python, *harness_dir, *work_dir, *ro_binds;
-    char *reward_formula, *allow_ops;
+    char *reward_formula, *allow_ops, *broker, *worker_id, *ready_file;
     int64_t gpu, threads, mem_mb, cpu_s, nofile, nproc, fsize_mb, uid_base, pool_size,
         ready_timeout, trials, warmup, min_iters, max_iters, batch, compile_timeout,
         run_timeout;
@@ -45,6 +47,13 @@ typedef struct {
 } s_cfg_t;
 
 static s_cfg_t C;
+static volatile sig_atomic_t s_stop;
+
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
 
 #define S_OPT(n, t, d, lo, hi, h, dst) {n, t, d, lo, hi, h, dst, false}
 static const anv_cfg_opt_t s_opts[] = {
@@ -92,6 +101,9 @@ static const anv_cfg_opt_t s_opts[] = {
     S_OPT("allow-ops", ANV_CFG_STR, "", 0, -1, "extra torch ops on the forward path (* = any)", &C.allow_ops),
     S_OPT("min-gpu-share", ANV_CFG_DOUBLE, "0.5", 0, 1, "flag below this share (cuda)", &C.min_gpu_share),
     S_OPT("require-triton", ANV_CFG_BOOL, "true", 0, -1, "a correct candidate must launch its own Triton kernels (off only to calibrate)", &C.require_triton),
+    S_OPT("broker", ANV_CFG_STR, "tcp://127.0.0.1:5556", 0, -1, "broker worker endpoint (serving mode)", &C.broker),
+    S_OPT("worker-id", ANV_CFG_STR, "", 0, -1, "stable worker id (default host-exec-pid)", &C.worker_id),
+    S_OPT("ready-file", ANV_CFG_STR, "", 0, -1, "file written once registered with the broker", &C.ready_file),
     S_OPT("log-level", ANV_CFG_STR, "info", 0, -1, "error|warn|info|debug|trace", &C.log_level),
     S_OPT("log-json", ANV_CFG_BOOL, "false", 0, -1, "JSON log lines", &C.log_json),
 };
@@ -233,7 +245,8 @@ int main(int argc, char **argv)
     }
     int rc = 2;
     if (rest.help) {
-        printf("usage: anvil-exec-worker --score-once --kind K --task FILE --candidate FILE "
+        printf("usage: anvil-exec-worker [--broker ENDPOINT] [--device cpu|cuda] (serve the broker)\n"
+               "       anvil-exec-worker --score-once --kind K --task FILE --candidate FILE "
                "[--device cpu|cuda] [--json]\n       anvil-exec-worker --score-batch FILE.jsonl\n");
         anv_config_usage(s_opts, S_NOPTS, stdout);
         rc = 0;
@@ -248,11 +261,6 @@ int main(int argc, char **argv)
     anv_log_set_json(C.log_json);
     if (strcmp(C.device, "cpu") != 0 && strcmp(C.device, "cuda") != 0) {
         fprintf(stderr, "anvil-exec-worker: --device must be cpu or cuda\n");
-        goto out;
-    }
-    if (!C.score_once && !C.score_batch[0]) {
-        fprintf(stderr, "anvil-exec-worker: serving the broker is not available in this build; "
-                        "use --score-once or --score-batch\n");
         goto out;
     }
     if (C.score_once && (!C.task[0] || !C.candidate[0])) {
@@ -299,10 +307,24 @@ int main(int argc, char **argv)
     } else {
         exec_spec_t spec;
         s_spec(&spec);
-        if (C.score_batch[0])
+        if (C.score_batch[0]) {
             rc = s_batch(sc, &spec);
-        else
+        } else if (C.score_once) {
             rc = s_one(sc, C.kind, C.task, C.candidate, C.globals, &spec) != 0;
+        } else {
+            /* CZMQ would install its own SIGTERM handler when the first socket is made;
+               the drain is ours */
+            zsys_handler_set(NULL);
+            struct sigaction sa = {0};
+            sa.sa_handler = s_on_signal;
+            sigaction(SIGTERM, &sa, NULL);
+            sigaction(SIGINT, &sa, NULL);
+            bool cuda = strcmp(C.device, "cuda") == 0;
+            exec_serve_cfg_t scfg = {.broker = C.broker, .worker_id = C.worker_id,
+                                     .gpu_index = cuda ? (int)C.gpu : -1, .device = C.device,
+                                     .ready_file = C.ready_file};
+            rc = exec_serve_run(sc, &scfg, &spec, &s_stop) != 0;
+        }
         exec_scorer_destroy(&sc);
     }
     if (!C.work_dir[0])

@@ -6,7 +6,7 @@
 # resume across `anvil down` + `anvil up` in the middle of a job (nothing lost or doubled);
 # results unchanged across a restart; retry --failed; `down` leaves nothing running.
 # Skipped (77) when a binary is missing or there is no model (ANVIL_TEST_MODEL=DIR, or the
-# engine's anvil-make-model tool, or tests/engine/tiny_model.py with the repo venv).
+# engine's anvil-make-model tool, or gen_worker/engine/tools/tiny_model.py with the repo venv).
 . "$(dirname "$0")/lib.sh"
 skip() { echo "skipped: $*"; rm -rf "$T"; exit 77; }
 for bin in broker/anvil-broker gen_worker/anvil-gen-worker exec_worker/anvil-exec-worker; do
@@ -17,9 +17,9 @@ SRC=${ANVIL_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 MODEL=()
 if [ -n "${ANVIL_TEST_MODEL:-}" ]; then
     MODEL=(--model "$ANVIL_TEST_MODEL")
-elif [ -x "$SRC/.venv/bin/python" ] && [ -f "$SRC/tests/engine/tiny_model.py" ]; then
-    "$SRC/.venv/bin/python" "$SRC/tests/engine/tiny_model.py" "$T/model" >"$T/model.log" 2>&1 ||
-        skip "tests/engine/tiny_model.py could not make a model (see its output)"
+elif [ -x "$SRC/.venv/bin/python" ] && [ -f "$SRC/gen_worker/engine/tools/tiny_model.py" ]; then
+    "$SRC/.venv/bin/python" "$SRC/gen_worker/engine/tools/tiny_model.py" "$T/model" >"$T/model.log" 2>&1 ||
+        skip "gen_worker/engine/tools/tiny_model.py could not make a model (see its output)"
     MODEL=(--model "$T/model")
 elif [ ! -x "$B/gen_worker/anvil-make-model" ]; then
     skip "no model: set ANVIL_TEST_MODEL=DIR or build gen_worker/anvil-make-model"

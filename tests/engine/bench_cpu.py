@@ -14,6 +14,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "gen_worker", "engine", "tools"))
 import tiny_model  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))

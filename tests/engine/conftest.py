@@ -9,6 +9,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "gen_worker", "engine", "tools"))
 
 import tiny_model  # noqa: E402
 from eng_testlib import BUILD, SHARED  # noqa: E402
