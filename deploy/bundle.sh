@@ -7,7 +7,7 @@
 # Layout: bin/ (wrappers that set LD_LIBRARY_PATH, then exec the real binary in libexec/),
 # libexec/ (the binaries; their DT_RPATH is $ORIGIN/../lib too), lib/ (every shared library
 # `ldd` lists except the ones the host must provide: libc, libm, libdl, librt, libpthread, the
-# dynamic loader, and the CUDA driver/runtime, which must match the host's driver),
+# dynamic loader, and the CUDA driver, runtime and cuBLAS, which must match the host's driver),
 # exec_worker/harness/ (the sandbox's Python package), share/anvil/ (redis.conf, deploy files).
 # redis-server and redis-cli from this machine are bundled so a GPU node needs no Redis package.
 set -euo pipefail
@@ -30,25 +30,27 @@ rm -rf "$dir"
 mkdir -p "$dir/bin" "$dir/libexec" "$dir/lib" "$dir/share/anvil"
 
 bins=()
-for name in anvil anvil-broker anvil-gen-worker anvil-exec-worker anvil-generate anvil-bench-engine; do
+for name in anvil anvil-broker anvil-gen-worker anvil-exec-worker anvil-exec-launch anvil-generate \
+    anvil-bench-engine; do
     f=$(find "$build" -path "$build/bundle" -prune -o -type f -name "$name" -perm -u+x -print | head -1)
     [ -n "$f" ] && bins+=("$name=$f")
 done
 # redis-server is a link to redis-check-rdb on Debian: it picks its role from argv[0], so
 # it keeps its own name here
-for tool in redis-server redis-cli; do
+# bwrap too: the exec worker's sandbox, which a GPU node may not have installed
+for tool in redis-server redis-cli bwrap; do
     p=$(command -v "$tool" || true)
     [ -n "$p" ] && bins+=("$tool=$(readlink -f "$p")")
 done
 [ ${#bins[@]} -gt 0 ] || { echo "bundle.sh: no binaries found under $build" >&2; exit 1; }
 
 # libraries the host provides: glibc's own, the loader, and the CUDA driver and runtime
-host_lib='^(libc|libm|libdl|librt|libpthread|libresolv|libutil|ld-linux.*|linux-vdso|libcuda|libcudart|libnvidia.*)\.so'
+host_lib='^(libc|libm|libdl|librt|libpthread|libresolv|libutil|ld-linux.*|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnvidia.*)\.so'
 for entry in "${bins[@]}"; do
     name=${entry%%=*}
     b=${entry#*=}
     cp "$b" "$dir/libexec/$name"
-    ldd "$b" 2>/dev/null | awk '/=> \// {print $1, $3}' | while read -r soname path; do
+    { ldd "$b" 2>/dev/null || true; } | awk '/=> \// {print $1, $3}' | while read -r soname path; do
         if ! [[ "$soname" =~ $host_lib ]] && [ ! -e "$dir/lib/$soname" ]; then
             cp -L "$path" "$dir/lib/$soname"
         fi
@@ -67,6 +69,9 @@ done
 [ -d "$repo/exec_worker/harness" ] && mkdir -p "$dir/exec_worker" &&
     cp -r "$repo/exec_worker/harness" "$dir/exec_worker/" &&
     find "$dir/exec_worker" -name __pycache__ -prune -exec rm -rf {} +
+# the random-model tool for GPU-less clusters and demos
+mkdir -p "$dir/share/anvil/tools"
+cp "$repo/gen_worker/engine/tools/tiny_model.py" "$dir/share/anvil/tools/"
 [ -f "$repo/broker/redis.conf" ] && cp "$repo/broker/redis.conf" "$dir/share/anvil/"
 cp "$repo/README.md" "$dir/share/anvil/"
 git -C "$repo" rev-parse HEAD >"$dir/share/anvil/VERSION" 2>/dev/null || echo unknown >"$dir/share/anvil/VERSION"

@@ -355,8 +355,28 @@ static exec_proc_t *s_spawn(exec_sandbox_t *self, s_mode_t mode, const char *con
     snprintf(tmp_env, sizeof tmp_env, "TMPDIR=%s", tmp);
     snprintf(home_env, sizeof home_env, "HOME=%s", tmp);
     snprintf(cache_env, sizeof cache_env, "TRITON_CACHE_DIR=%s/.triton", tmp);
+    /* Triton finds libcuda with `ldconfig -p`, which fails inside the sandbox on some hosts
+       (seen on the H200 machine): name the directory for it */
+    char libcuda_env[PATH_MAX + 32] = "TRITON_LIBCUDA_PATH_UNSET=1";
+    if (strcmp(c->device, "cuda") == 0) {
+        static const char *dirs[] = {"/usr/lib/x86_64-linux-gnu", "/usr/local/nvidia/lib64",
+                                     "/usr/lib64", "/usr/local/cuda/compat",
+                                     "/usr/lib/aarch64-linux-gnu"};
+        for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+            char p[PATH_MAX];
+            snprintf(p, sizeof p, "%s/libcuda.so.1", dirs[i]);
+            if (access(p, R_OK) == 0) {
+                snprintf(libcuda_env, sizeof libcuda_env, "TRITON_LIBCUDA_PATH=%s", dirs[i]);
+                break;
+            }
+        }
+    }
     char *envp[] = {"PATH=/usr/bin:/bin", home_env, tmp_env, env_pp, cache_env, env_omp, env_gpu,
+                    libcuda_env,
                     "PYTHONDONTWRITEBYTECODE=1", "PYTHONNOUSERSITE=1", "LANG=C.UTF-8",
+                    /* the sandbox uid has no passwd entry: getpass.getuser() (torch, triton
+                       cache paths) reads these before it asks getpwuid() */
+                    "USER=anvil", "LOGNAME=anvil",
                     "MKL_NUM_THREADS=1", "TOKENIZERS_PARALLELISM=false",
                     c->triton_interpret ? "TRITON_INTERPRET=1" : "TRITON_INTERPRET=0", NULL};
     exec_proc_limits_t lim = {.cpu_s = c->cpu_s, .nofile = c->nofile, .fsize_mb = c->fsize_mb,

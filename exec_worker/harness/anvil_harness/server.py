@@ -33,6 +33,11 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.runtime.jit as _jit  # noqa: E402
 
+# torch._dynamo rebinds torch.manual_seed (and friends) when it is first imported, which on
+# CUDA happens lazily during a run: import it now, before the tamper snapshot below, so that
+# torch's own rebinding is not taken for the candidate's.
+import torch._dynamo  # noqa: E402,F401
+
 from anvil_harness import static, tasks, tensorio  # noqa: E402
 
 try:

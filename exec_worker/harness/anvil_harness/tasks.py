@@ -18,6 +18,7 @@ On device "cpu", tasks written for CUDA (TritonBench tests say device='cuda') ru
 CudaToCpu, a TorchFunctionMode that maps CUDA devices to the CPU: the CI path, where Triton
 runs in its interpreter.
 """
+import linecache
 import ast
 import re
 import types
@@ -100,6 +101,10 @@ def test_entries(test_code):
 
 
 def _module(name, code, filename, extra=None):
+    # Triton's @jit reads its function's source through inspect (the interpreter used on the
+    # CPU does not, which is why only the GPU path needs this): register the code under its
+    # file name so inspect.getsourcelines() finds it without a file on disk.
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     mod = types.ModuleType(name)
     mod.__file__ = filename
     if extra:
