@@ -32,6 +32,12 @@ local function ev(j, typ, t, s, detail, term)
                       'term', term)
 end
 
+-- one event for a list of samples ("t:s" strings): field `ts` holds them comma-separated
+local function ev_list(j, typ, list, detail, term)
+    return redis.call('XADD', jk(j, 'events'), '*', 'type', typ, 'ts', table.concat(list, ','),
+                      'd', detail, 'term', term)
+end
+
 local function live(state)
     return state == 'queued' or state == 'running'
 end
@@ -188,6 +194,7 @@ end
 --   counts: 5 per group: job state retry_len fresh_left exec_len
 local function op_lease(a)
     local now, exp = num(a[2], 0), num(a[2], 0) + num(a[3], 0)
+    local exps = tostring(exp)
     local ng = num(a[4], 0)
     local units, counts, z = {}, {}, {}
     local seq = redis.call('INCRBY', P .. 'lease_seq', 1) * 100000
@@ -199,7 +206,7 @@ local function op_lease(a)
         else
             lid = 'e.' .. j .. '.' .. t .. '.' .. s .. '.' .. att .. '.' .. seq
         end
-        z[#z + 1] = exp
+        z[#z + 1] = exps
         z[#z + 1] = lid
         local u = #units
         units[u + 1], units[u + 2], units[u + 3], units[u + 4] = kind, j, lid, t
@@ -293,58 +300,95 @@ end
 
 ------------------------------------------------------------------------------------------------
 -- complete now count {kind job task sample lease_id last payload info}*count
---   info: gen "tokens failed(0|1)", exec "correct(0|1) speedup"
+--   info: gen "tokens failed(0|1)", exec "correct(0|1) speedup status"
 --   -> {duplicates, discarded, invalid, {job done exec_added}*}
-local function op_complete(a)
-    local now, cnt = a[2], num(a[3], 0)
-    local jobs, order, z = {}, {}, {}
-    local dups, discarded, invalid = 0, 0, 0
-    for i = 0, cnt - 1 do
-        local b = 4 + 8 * i
-        local kind, j, t, s, lid, last, pl, info = a[b], a[b + 1], a[b + 2], a[b + 3], a[b + 4],
-            a[b + 5], a[b + 6], a[b + 7]
-        local J = jobs[j]
-        if not J then
-            local v = redis.call('HMGET', jk(j), 'state', 'score', 'tasks', 'n', 'tn_any',
-                                 'dead')
-            J = {st = v[1], score = (v[2] == '1'), tasks = num(v[3], 0), n = num(v[4], 1),
-                 tn_any = v[5], anydead = num(v[6], 0) > 0, gen = 0, failed = 0, term = 0, tok = 0, scored = 0,
-                 correct = 0, spd = 0, xq = {}}
-            jobs[j] = J
-            order[#order + 1] = j
+-- Work is grouped per job: one HMGET finds records that exist already (idempotency by
+-- (job, task, sample), also within the batch), one HSET writes the new ones, and one event per
+-- (type, detail, term) group lists its samples, so the per-sample cost is table work in Lua
+-- and a hash insert, not a command each.
+local function commit_job(j, J, a, now)
+    local dups, invalid = 0, 0
+    local items = J.items
+    -- samples per task, for the range check of tasks that override n
+    local tn = nil
+    if J.tn_any == '1' then
+        local ts = {}
+        for k = 1, #items do
+            ts[k] = a[items[k] + 2]
         end
-        if last == '1' then
-            z[#z + 1] = lid
+        tn = redis.call('HMGET', jk(j, 'tn'), unpack(ts))
+    end
+    local fs, keep = {}, {}
+    for k = 1, #items do
+        local b = items[k]
+        local s = num(a[b + 3], -1)
+        local n = J.n
+        if tn and tn[k] then
+            n = num(tn[k], J.n)
         end
-        local f = t .. ':' .. s
-        if not live(J.st) then
-            discarded = discarded + 1
-        elseif num(t, -1) < 0 or num(t, -1) >= J.tasks or num(s, -1) < 0 or
-            num(s, -1) >= samples_of(j, t, J.n, J.tn_any) then
+        if s >= n then
             invalid = invalid + 1
-        elseif J.anydead and redis.call('HEXISTS', jk(j, 'dead'), f) == 1 then
-            dups = dups + 1 -- dead-lettered meanwhile: its record stands
+        else
+            keep[#keep + 1] = b
+            fs[#fs + 1] = a[b + 2] .. ':' .. a[b + 3]
+        end
+    end
+    if #fs == 0 then
+        return dups, invalid
+    end
+    local dead = nil
+    if J.anydead then
+        dead = redis.call('HMGET', jk(j, 'dead'), unpack(fs))
+    end
+    local res = J.kind_g and redis.call('HMGET', jk(j, 'res'), unpack(fs)) or nil
+    local exe = J.kind_e and redis.call('HMGET', jk(j, 'exec'), unpack(fs)) or nil
+    local seen = {}
+    local hres, hexe, groups, gorder = {}, {}, {}, {}
+    local function add_ev(typ, d, term, f)
+        local key = typ .. '\n' .. d .. '\n' .. term
+        local g = groups[key]
+        if not g then
+            g = {typ, d, term, {}}
+            groups[key] = g
+            gorder[#gorder + 1] = g
+        end
+        g[4][#g[4] + 1] = f
+    end
+    for k = 1, #keep do
+        local b, f = keep[k], fs[k]
+        local kind, pl, info = a[b], a[b + 6], a[b + 7]
+        local sk = kind .. f
+        if (dead and dead[k]) or seen[sk] then
+            dups = dups + 1 -- dead-lettered meanwhile (its record stands) or twice in the batch
         elseif kind == 'g' then
-            if redis.call('HSETNX', jk(j, 'res'), f, pl) == 1 then
+            if res[k] then
+                dups = dups + 1
+            else
+                seen[sk] = true
+                hres[#hres + 1] = f
+                hres[#hres + 1] = pl
                 local tok, failed = string.match(info, '^(%d+) (%d)$')
                 J.gen = J.gen + 1
                 J.tok = J.tok + num(tok, 0)
                 if failed == '1' then
                     J.failed = J.failed + 1
                     J.term = J.term + 1
-                    ev(j, 'sample', t, s, 'error', '1')
+                    add_ev('sample', 'error', '1', f)
                 elseif J.score then
                     J.xq[#J.xq + 1] = f
-                    ev(j, 'sample', t, s, '', '0')
+                    add_ev('sample', '', '0', f)
                 else
                     J.term = J.term + 1
-                    ev(j, 'sample', t, s, '', '1')
+                    add_ev('sample', '', '1', f)
                 end
-            else
-                dups = dups + 1
             end
         else
-            if redis.call('HSETNX', jk(j, 'exec'), f, pl) == 1 then
+            if exe[k] then
+                dups = dups + 1
+            else
+                seen[sk] = true
+                hexe[#hexe + 1] = f
+                hexe[#hexe + 1] = pl
                 local ok, spd, st = string.match(info, '^(%d) (%S+) (%S+)$')
                 J.scored = J.scored + 1
                 J.term = J.term + 1
@@ -352,19 +396,67 @@ local function op_complete(a)
                     J.correct = J.correct + 1
                     J.spd = J.spd + num(spd, 0)
                 end
-                ev(j, 'scored', t, s, st or '', '1')
+                add_ev('scored', st or '', '1', f)
+            end
+        end
+    end
+    if #hres > 0 then
+        chunked('HSET', jk(j, 'res'), hres, 4000)
+    end
+    if #hexe > 0 then
+        chunked('HSET', jk(j, 'exec'), hexe, 4000)
+    end
+    for _, g in ipairs(gorder) do
+        ev_list(j, g[1], g[4], g[2], g[3])
+    end
+    return dups, invalid
+end
+
+local function op_complete(a)
+    local now, cnt = a[2], num(a[3], 0)
+    local jobs, order, z = {}, {}, {}
+    local dups, discarded, invalid = 0, 0, 0
+    for i = 0, cnt - 1 do
+        local b = 4 + 8 * i
+        local kind, j, t, lid = a[b], a[b + 1], num(a[b + 2], -1), a[b + 4]
+        local J = jobs[j]
+        if not J then
+            local v = redis.call('HMGET', jk(j), 'state', 'score', 'tasks', 'n', 'tn_any',
+                                 'dead')
+            J = {st = v[1], score = (v[2] == '1'), tasks = num(v[3], 0), n = num(v[4], 1),
+                 tn_any = v[5], anydead = num(v[6], 0) > 0, gen = 0, failed = 0, term = 0,
+                 tok = 0, scored = 0, correct = 0, spd = 0, xq = {}, items = {}}
+            jobs[j] = J
+            order[#order + 1] = j
+        end
+        if a[b + 5] == '1' then
+            z[#z + 1] = lid
+        end
+        if not live(J.st) then
+            discarded = discarded + 1
+        elseif t < 0 or t >= J.tasks then
+            invalid = invalid + 1
+        else
+            J.items[#J.items + 1] = b
+            if kind == 'g' then
+                J.kind_g = true
             else
-                dups = dups + 1
+                J.kind_e = true
             end
         end
     end
     if #z > 0 then
         chunked('ZREM', LEASES, z, 4000)
     end
-    local out = {dups, discarded, invalid}
+    local out = {0, discarded, 0}
     for _, j in ipairs(order) do
         local J = jobs[j]
         local jh = jk(j)
+        if #J.items > 0 then
+            local d, inv = commit_job(j, J, a, now)
+            dups = dups + d
+            invalid = invalid + inv
+        end
         if J.gen > 0 then
             redis.call('HINCRBY', jh, 'generated', J.gen)
             redis.call('HINCRBY', jh, 'tokens', J.tok)
@@ -389,6 +481,7 @@ local function op_complete(a)
         end
         out[#out + 1] = {j, done, #J.xq}
     end
+    out[1], out[3] = dups, invalid
     return out
 end
 
@@ -487,15 +580,31 @@ local function op_expire(a)
 end
 
 -- renew now lease_ms lid* -> {1 when the lease exists (renewed), else 0}*
+-- (ZMSCORE finds the leases that still exist, one ZADD XX moves them all)
 local function op_renew(a)
-    local exp = num(a[2], 0) + num(a[3], 0)
-    local out = {}
-    for i = 4, #a do
-        if redis.call('ZSCORE', LEASES, a[i]) then
-            redis.call('ZADD', LEASES, exp, a[i])
-            out[#out + 1] = 1
-        else
-            out[#out + 1] = 0
+    local exp = tostring(num(a[2], 0) + num(a[3], 0))
+    local out, z = {}, {}
+    local i = 4
+    while i <= #a do
+        local last = math.min(i + 3999, #a)
+        local sc = redis.call('ZMSCORE', LEASES, unpack(a, i, last))
+        for k = 1, last - i + 1 do
+            if sc[k] then
+                z[#z + 1] = exp
+                z[#z + 1] = a[i + k - 1]
+                out[#out + 1] = 1
+            else
+                out[#out + 1] = 0
+            end
+        end
+        i = last + 1
+    end
+    if #z > 0 then
+        local k = 1
+        while k <= #z do
+            local last = math.min(k + 3999, #z)
+            redis.call('ZADD', LEASES, 'XX', unpack(z, k, last))
+            k = last + 1
         end
     end
     return out
@@ -566,20 +675,49 @@ local function op_retry(a)
     return n
 end
 
--- results job cursor page -> {next_cursor, more(0|1), {event_id task sample type res exec dead}*}
+-- The samples an event is about: a list event has `ts` ("t:s,t:s,..."), a single one `t`, `s`.
+local function ev_items(h)
+    local out = {}
+    if h.ts then
+        for t, s in string.gmatch(h.ts, '(%d+):(%d+)') do
+            out[#out + 1] = {t, s}
+        end
+    else
+        out[1] = {h.t or '', h.s or ''}
+    end
+    return out
+end
+
+-- An offset names a place in a job's events: a stream id (after that entry), or
+-- "<stream id>.<k>" (inside that entry, after its item k, counted from 0). Item k of an entry
+-- of n items is at "<id>.<k>", its last one at "<id>", so resuming is exact either way.
+local function item_offset(id, k, n)
+    if k == n then
+        return id
+    end
+    return id .. '.' .. (k - 1)
+end
+
+-- results job cursor page -> {next_cursor, more(0|1), {offset task sample type res exec dead}*}
 -- Pages walk the job's event stream and keep its terminal events, so results come in
 -- completion order, each once, and a cursor stays valid while the job keeps running.
 local function op_results(a)
     local j, cursor, page = a[2], a[3], num(a[4], 100)
-    local start = '-'
-    if cursor ~= '' then
-        start = '(' .. cursor
+    local start, inside, skip = '-', nil, 0
+    if cursor ~= '' and cursor ~= '0' then
+        local id, k = string.match(cursor, '^(%d+%-%d+)%.(%d+)$')
+        if id then
+            start, inside, skip = id, id, num(k, 0) + 1
+        else
+            start = '(' .. cursor
+        end
     end
     local items = {}
     local last = cursor
     local more = 1
-    while #items < page do
-        local want = (page - #items) * 2 + 8
+    local full = false
+    while not full do
+        local want = page - #items + 8
         local evs = redis.call('XRANGE', jk(j, 'events'), start, '+', 'COUNT', want)
         for _, e in ipairs(evs) do
             local id, f = e[1], e[2]
@@ -587,26 +725,46 @@ local function op_results(a)
             for k = 1, #f, 2 do
                 h[f[k]] = f[k + 1]
             end
+            local its = ev_items(h)
+            local k0 = 1
+            if id == inside then
+                k0 = skip + 1
+            end
             last = id
             if h.term == '1' then
-                local key = h.t .. ':' .. h.s
-                items[#items + 1] = {id, h.t, h.s, h.type,
-                                     redis.call('HGET', jk(j, 'res'), key) or '',
-                                     redis.call('HGET', jk(j, 'exec'), key) or '',
-                                     redis.call('HGET', jk(j, 'dead'), key) or ''}
-                if #items >= page then
-                    break
+                for k = k0, #its do
+                    items[#items + 1] = {item_offset(id, k, #its), its[k][1], its[k][2], h.type}
+                    if #items >= page then
+                        last = item_offset(id, k, #its)
+                        full = true
+                        break
+                    end
                 end
             end
+            if full then
+                break
+            end
         end
-        if #items >= page then
-            break
+        if not full then
+            if #evs < want then
+                more = 0
+                break
+            end
+            start, inside = '(' .. last, nil
         end
-        if #evs < want then
-            more = 0
-            break
+    end
+    if #items > 0 then
+        local fs = {}
+        for k = 1, #items do
+            fs[k] = items[k][2] .. ':' .. items[k][3]
         end
-        start = '(' .. last
+        local res = redis.call('HMGET', jk(j, 'res'), unpack(fs))
+        local exe = redis.call('HMGET', jk(j, 'exec'), unpack(fs))
+        local dead = redis.call('HMGET', jk(j, 'dead'), unpack(fs))
+        for k = 1, #items do
+            local it = items[k]
+            it[5], it[6], it[7] = res[k] or '', exe[k] or '', dead[k] or ''
+        end
     end
     if more == 0 then
         local st = redis.call('HGET', jk(j), 'state')

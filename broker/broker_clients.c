@@ -13,6 +13,7 @@
 #include "broker_internal.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -377,16 +378,57 @@ static void s_on_status(broker_t *b, zframe_t *id, uint64_t rid, Anvil__StatusRe
 
 /* ---- watch ----------------------------------------------------------------------------- */
 
+/* One entry of a job's event stream holds one event (fields t, s) or a list of samples of the
+   same type and detail (field ts = "t:s,t:s,..."). Offsets: a stream id means "after that
+   entry"; "<id>.<k>" means "inside entry <id>, after its item k" (from 0). An entry's items
+   get the offsets "<id>.0" ... "<id>.<n-2>" and, the last one, "<id>", so a client resumes
+   exactly from any event it saw. */
+typedef struct {
+    const char *id, *type, *detail, *t, *s, *ts;
+} s_entry_t;
+
+static void s_entry_parse(const redisReply *e, s_entry_t *x)
+{
+    memset(x, 0, sizeof *x);
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+        e->element[0]->type != REDIS_REPLY_STRING)
+        return;
+    x->id = e->element[0]->str;
+    const redisReply *f = e->element[1];
+    x->type = s_field(f, "type");
+    x->detail = s_field(f, "d");
+    x->t = s_field(f, "t");
+    x->s = s_field(f, "s");
+    x->ts = s_field(f, "ts");
+}
+
+static size_t s_entry_items(const s_entry_t *x)
+{
+    if (!x->ts)
+        return 1;
+    size_t n = *x->ts ? 1 : 0;
+    for (const char *p = x->ts; *p; p++)
+        n += *p == ',';
+    return n;
+}
+
 /* reads events after `offset`; returns the number read, or -1 on a Redis error */
 static int s_answer_watch(broker_t *b, zframe_t *id, uint64_t rid, const char *job_id,
                           const char *offset, uint32_t max_events, bool force)
 {
-    char key[64], start[64], count[16];
+    char key[64], start[64], count[16], inside[48] = "";
+    size_t skip = 0;
     snprintf(key, sizeof key, "anv:job:%s:events", job_id);
-    if (!offset || !offset[0] || !strcmp(offset, "0"))
+    const char *dot = offset ? strchr(offset, '.') : NULL;
+    if (!offset || !offset[0] || !strcmp(offset, "0")) {
         snprintf(start, sizeof start, "-");
-    else
-        snprintf(start, sizeof start, "(%s", offset);
+    } else if (dot && dot - offset < (ptrdiff_t)sizeof inside) {
+        snprintf(inside, sizeof inside, "%.*s", (int)(dot - offset), offset);
+        snprintf(start, sizeof start, "%s", inside);
+        skip = (size_t)strtoull(dot + 1, NULL, 10) + 1;
+    } else {
+        snprintf(start, sizeof start, "(%.60s", offset);
+    }
     snprintf(count, sizeof count, "%u", max_events);
     const char *argv[] = {"XRANGE", key, start, "+", "COUNT", count};
     redisReply *r = NULL;
@@ -394,39 +436,79 @@ static int s_answer_watch(broker_t *b, zframe_t *id, uint64_t rid, const char *j
         s_error(b, id, rid, ANV_EREDIS, broker_store_errstr(b->store));
         return -1;
     }
-    size_t n = r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
+    size_t ne = r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
+    /* count the events first: entries expand into their items */
+    size_t n = 0;
+    for (size_t i = 0; i < ne && n < max_events; i++) {
+        s_entry_t x;
+        s_entry_parse(r->element[i], &x);
+        size_t k = s_entry_items(&x);
+        if (x.id && inside[0] && !strcmp(x.id, inside))
+            k = k > skip ? k - skip : 0;
+        n += k;
+    }
+    if (n > max_events)
+        n = max_events;
     if (n == 0 && !force) {
         freeReplyObject(r);
         return 0;
     }
     Anvil__Event *evs = calloc(n + 1, sizeof *evs);
     Anvil__Event **ptrs = calloc(n + 1, sizeof *ptrs);
-    for (size_t i = 0; evs && ptrs && i < n; i++) {
-        const redisReply *e = r->element[i];
-        anvil__event__init(&evs[i]);
-        ptrs[i] = &evs[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2)
+    char (*ids)[64] = calloc(n + 1, 64);
+    size_t k = 0;
+    for (size_t i = 0; evs && ptrs && ids && i < ne && k < n; i++) {
+        s_entry_t x;
+        s_entry_parse(r->element[i], &x);
+        if (!x.id)
             continue;
-        evs[i].id = e->element[0]->str;
-        const redisReply *f = e->element[1];
-        evs[i].type = (char *)s_field(f, "type");
-        evs[i].detail = (char *)s_field(f, "d");
-        const char *t = s_field(f, "t"), *s = s_field(f, "s");
-        if (t && *t) {
-            evs[i].has_task_index = 1;
-            evs[i].task_index = strtoull(t, NULL, 10);
-        }
-        if (s && *s) {
-            evs[i].has_sample_index = 1;
-            evs[i].sample_index = (uint32_t)strtoul(s, NULL, 10);
+        size_t items = s_entry_items(&x);
+        size_t first = inside[0] && !strcmp(x.id, inside) ? skip : 0;
+        const char *p = x.ts;
+        for (size_t it = 0; it < items && k < n; it++) {
+            const char *t = x.t, *s = x.s;
+            char tb[24], sb[16];
+            if (x.ts) { /* "t:s" item `it` of the list */
+                size_t tl = strcspn(p, ":,");
+                snprintf(tb, sizeof tb, "%.*s", (int)(tl < 23 ? tl : 23), p);
+                p += tl;
+                size_t sl = *p == ':' ? strcspn(p + 1, ",") : 0;
+                snprintf(sb, sizeof sb, "%.*s", (int)(sl < 15 ? sl : 15), *p == ':' ? p + 1 : p);
+                p += *p == ':' ? 1 + sl : 0;
+                if (*p == ',')
+                    p++;
+                t = tb;
+                s = sb;
+            }
+            if (it < first)
+                continue;
+            Anvil__Event *ev = &evs[k];
+            anvil__event__init(ev);
+            ptrs[k] = ev;
+            if (it + 1 == items)
+                snprintf(ids[k], 64, "%s", x.id);
+            else
+                snprintf(ids[k], 64, "%s.%zu", x.id, it);
+            ev->id = ids[k];
+            ev->type = (char *)x.type;
+            ev->detail = (char *)x.detail;
+            if (t && *t) {
+                ev->has_task_index = 1;
+                ev->task_index = strtoull(t, NULL, 10);
+            }
+            if (s && *s) {
+                ev->has_sample_index = 1;
+                ev->sample_index = (uint32_t)strtoul(s, NULL, 10);
+            }
+            k++;
         }
     }
     Anvil__Envelope env;
     Anvil__WatchReply wr = ANVIL__WATCH_REPLY__INIT;
     anv_msg_init(&env);
-    wr.n_events = evs && ptrs ? n : 0;
+    wr.n_events = k;
     wr.events = ptrs;
-    wr.last_offset = (char *)(n && evs ? evs[n - 1].id : (offset ? offset : ""));
+    wr.last_offset = (char *)(k ? evs[k - 1].id : (offset ? offset : ""));
     Anvil__JobStatus st;
     redisReply *h = NULL;
     if (s_status(b, job_id, &st, &h) == 0)
@@ -438,8 +520,9 @@ static int s_answer_watch(broker_t *b, zframe_t *id, uint64_t rid, const char *j
         freeReplyObject(h);
     free(evs);
     free(ptrs);
+    free(ids);
     freeReplyObject(r);
-    return (int)n;
+    return (int)k;
 }
 
 static void s_watch_destroy(void **item)

@@ -16,7 +16,10 @@
       garbage           sends hostile bytes to --endpoint (random, empty, truncated, wrong
                         version, multi-frame) --count times each
       bench             submits --tasks tasks and waits, printing tasks/s; then --latency
-                        single-task jobs one at a time, printing p50/p99 submit->result ms
+                        single-task jobs one at a time, printing p50/p99 submit->result ms;
+                        with --latency-log FILE, one line "submit <job> <monotonic ns>" per
+                        latency job (taken just before its submit is sent), so that the
+                        arrival times a worker logs give the dispatch latency
 */
 #include "anv_config.h"
 #include "anv_error.h"
@@ -396,7 +399,7 @@ static int s_cmp_i64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int s_bench(s_submit_opts_t *o, int64_t latency_n)
+static int s_bench(s_submit_opts_t *o, int64_t latency_n, const char *latency_log)
 {
     char job[ANV_ID_SIZE];
     int64_t t0 = anv_now_ns();
@@ -420,14 +423,22 @@ static int s_bench(s_submit_opts_t *o, int64_t latency_n)
         one.tasks = 1;
         one.chunk = 1;
         one.n = 1;
+        FILE *ll = latency_log && *latency_log ? fopen(latency_log, "w") : NULL;
         for (int64_t i = 0; i < latency_n; i++) {
             int64_t a = anv_now_ns();
             if (s_submit(&one, job, true) != 0 || s_wait(job, 30, true) != 0) {
                 free(lat);
+                if (ll)
+                    fclose(ll);
                 return 1;
             }
             lat[i] = anv_now_ns() - a;
+            if (ll)
+                fprintf(ll, "submit %s %lld\n", job, (long long)a);
+            anv_sleep_ms(1); /* idle between jobs */
         }
+        if (ll)
+            fclose(ll);
         qsort(lat, (size_t)latency_n, sizeof *lat, s_cmp_i64);
         printf("bench idle_roundtrip n=%lld p50 %.3f ms p99 %.3f ms (submit -> status done, "
                "incl. client polling)\n", (long long)latency_n,
@@ -439,7 +450,7 @@ static int s_bench(s_submit_opts_t *o, int64_t latency_n)
 
 int main(int argc, char **argv)
 {
-    char *endpoint = NULL, *from = NULL, *name = NULL, *idem = NULL;
+    char *endpoint = NULL, *from = NULL, *name = NULL, *idem = NULL, *latency_log = NULL;
     int64_t tasks, chunk, n, priority, max_attempts, timeout_s, page, count, version, block_ms;
     int64_t latency, max_tokens;
     bool score = false, custom_ids = false, strict = false;
@@ -466,6 +477,8 @@ int main(int argc, char **argv)
         {"version", ANV_CFG_INT, "1", 0, INT32_MAX, "weights version", &version, false},
         {"latency", ANV_CFG_INT, "0", 0, 1000000, "bench: idle single-task jobs", &latency,
          false},
+        {"latency-log", ANV_CFG_STR, NULL, 0, -1, "bench: submit times of the latency jobs",
+         &latency_log, false},
     };
     size_t n_opts = sizeof opts / sizeof opts[0];
     anv_log_init("test-client");
@@ -507,7 +520,7 @@ int main(int argc, char **argv)
              !strcmp(cmd, "weights"))
         rc = s_simple(cmd, job, version);
     else if (!strcmp(cmd, "bench"))
-        rc = s_bench(&so, latency);
+        rc = s_bench(&so, latency, latency_log);
     else
         fprintf(stderr, "test_client: unknown command '%s'\n", cmd);
 out:

@@ -5,7 +5,8 @@
     index ("echo" text, --tokens token ids and logprobs). exec: answers ExecUnits with
     EXEC_CORRECT when the completion contains "ok", else EXEC_INCORRECT. --fail answers every
     unit with a retryable UnitFailed, --fatal with a non-retryable one. --log FILE appends one
-    line per received unit: "unit <lease> <job> <task> <monotonic ns>", and "cancel <job>".
+    line per received unit: "unit <lease> <job> <task> <monotonic ns> <wall ms>", and
+    "cancel <job>".
     Units of a cancelled job that are still queued are dropped. WeightsUpdate is answered
     with WeightsLoaded. Runs until SIGINT/SIGTERM; SIGKILL is what the crash tests use.
 */
@@ -101,9 +102,9 @@ int main(int argc, char **argv)
         } else if (env->body_case == ANVIL__ENVELOPE__BODY_GEN_UNIT) {
             Anvil__GenUnit *u = env->gen_unit;
             if (log)
-                fprintf(log, "unit %s %s %llu %lld\n", u->lease_id, u->job_id,
+                fprintf(log, "unit %s %s %llu %lld %lld\n", u->lease_id, u->job_id,
                         (unsigned long long)(u->task ? u->task->index : 0),
-                        (long long)anv_now_ns());
+                        (long long)anv_now_ns(), (long long)anv_wall_ms());
             if (zhashx_lookup(cancelled, u->job_id)) {
                 anv_msg_free(&env);
                 continue;
@@ -135,8 +136,9 @@ int main(int argc, char **argv)
         } else if (env->body_case == ANVIL__ENVELOPE__BODY_EXEC_UNIT) {
             Anvil__ExecUnit *u = env->exec_unit;
             if (log)
-                fprintf(log, "unit %s %s %llu %lld\n", u->lease_id, u->job_id,
-                        (unsigned long long)u->task_index, (long long)anv_now_ns());
+                fprintf(log, "unit %s %s %llu %lld %lld\n", u->lease_id, u->job_id,
+                        (unsigned long long)u->task_index, (long long)anv_now_ns(),
+                        (long long)anv_wall_ms());
             if (zhashx_lookup(cancelled, u->job_id)) {
                 anv_msg_free(&env);
                 continue;
