@@ -217,6 +217,7 @@ static void s_publish_metrics(broker_t *b)
         {"client_send_unroutable", c->send_unroutable}, {"client_send_failed", c->send_failed},
         {"workers", zhashx_size(b->by_ident)}, {"leases_held", zhashx_size(b->leases)},
         {"jobs_in_memory", zhashx_size(b->jobs)}, {"results_queued", b->n_pending},
+        {"watches_parked", zlistx_size(b->watches)},
         {"unit_rtt_p50_us", (uint64_t)broker_hist_quantile(&m->unit_rtt, 0.50)},
         {"unit_rtt_p99_us", (uint64_t)broker_hist_quantile(&m->unit_rtt, 0.99)},
     };

@@ -39,7 +39,8 @@ cleanup() {
     rm -rf "$D"
 }
 trap cleanup EXIT
-port() { echo $(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 )); }
+lo=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+port() { echo $(( 10000 + (RANDOM * 32768 + RANDOM) % (lo - 10000) )); } # below ephemeral ports
 RP=$(port); RP2=$(port); CP=$(port); WP=$(port)
 start_redis() { # port name
     mkdir -p "$D/$2"

@@ -35,10 +35,13 @@ fail() { echo "FAIL [$scenario]: $*"; exit 1; }
 pass() { echo "PASS [$scenario]: $*"; }
 
 pick_port() { # a free loopback port, not one of those already picked
-    local p
+    # Below the kernel's ephemeral range, so that no outgoing connection (which takes a local
+    # port from that range without listening) can hold it; any socket on it counts as taken.
+    local p lo
+    lo=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
     while :; do
-        p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
-        ss -Htln 2>/dev/null | awk '{print $4}' | grep -q ":$p\$" && continue
+        p=$(( 10000 + (RANDOM * 32768 + RANDOM) % (lo - 10000) ))
+        ss -Htan 2>/dev/null | awk '{print $4}' | grep -q ":$p\$" && continue
         [[ " ${PICKED:-} " == *" $p "* ]] && continue
         PICKED="${PICKED:-} $p"
         echo $p
@@ -94,7 +97,7 @@ units_of() { grep -c "^unit " "$D/$1.units" 2>/dev/null || echo 0; }
 # every sample recorded exactly once: results pages, the Redis hash and the counters agree
 exactly_once() { # job expected
     local out st
-    out=$(client results "$1") || fail "results of $1: $out"
+    out=$(client results "$1" --page 7) || fail "results of $1: $out" # pages end inside list events
     [ "$out" = "results $2 unique $2 duplicates 0 errors 0 correct $(awk '{print $10}' <<<"$out")" ] ||
         fail "results of $1: '$out', want $2 unique"
     [ "$(rc hlen "anv:job:$1:res")" = "$2" ] || fail "anv:job:$1:res has $(rc hlen "anv:job:$1:res"), want $2"
@@ -167,12 +170,20 @@ watch)
     out=$(client watch "$j" --from 0)
     grep -q "^events 1 " <<<"$out" || fail "before work: $out"
     # a long poll parked before any worker exists is answered when events arrive
-    client watch "$j" --from "$(awk '{print $4}' <<<"$out")" --block-ms 20000 >"$D/poll.out" &
+    client watch "$j" --from "$(awk '{print $4}' <<<"$out")" --block-ms 30000 >"$D/poll.out" &
     poll=$!
-    sleep 0.5
+    # the worker starts only once the broker holds the poll (published every heartbeat), so
+    # the poll is answered by new events however slowly the processes start
+    for _ in $(seq 1 400); do
+        [ "$(metric watches_parked)" = 1 ] && break
+        kill -0 $poll 2>/dev/null || break
+        sleep 0.05
+    done
+    [ "$(metric watches_parked)" = 1 ] || fail "the long poll was not parked: $(cat "$D/poll.out")"
+    [ ! -s "$D/poll.out" ] || fail "the long poll was answered before any work: $(cat "$D/poll.out")"
     start_worker w1
     wait "$poll" || fail "long poll failed"
-    grep -Eq "^events [1-9]" "$D/poll.out" || fail "long poll: $(cat "$D/poll.out")"
+    grep -Eq "^events [1-9][0-9]* .* sample=" "$D/poll.out" || fail "long poll: $(cat "$D/poll.out")"
     wait_done "$j"
     out=$(client watch "$j" --from 0)
     grep -q "^events 22 " <<<"$out" || fail "all events: $out"
@@ -180,7 +191,21 @@ watch)
     last=$(awk '{print $4}' <<<"$out")
     out=$(client watch "$j" --from "$last")
     grep -q "^events 0 " <<<"$out" || fail "resume from the last offset: $out"
-    pass "events resumable from an offset; long poll answered on new events"
+    # samples arrive in list events: pages of 3 resume inside them, each event exactly once
+    off=0
+    : >"$D/pages.out"
+    for _ in $(seq 1 30); do
+        client watch "$j" --from "$off" --max-events 3 --list >"$D/page.out"
+        grep "^event " "$D/page.out" >>"$D/pages.out" || true
+        off=$(awk '/^events/{print $4}' "$D/page.out")
+        grep -q "^events 0 " "$D/page.out" && break
+    done
+    grep -q "^event [0-9-]*\.[0-9]* sample" "$D/pages.out" || fail "no offset inside a list event: $(cat "$D/pages.out")"
+    [ "$off" = "$last" ] || fail "paged watch ended at '$off', want '$last'"
+    [ "$(wc -l <"$D/pages.out")" = 22 ] || fail "paged watch saw $(wc -l <"$D/pages.out") events"
+    [ "$(awk '$3 == "sample" {print $4}' "$D/pages.out" | sort -u | wc -l)" = 20 ] ||
+        fail "paged watch: samples not each once: $(cat "$D/pages.out")"
+    pass "events resumable from an offset (also inside list events); long poll answered on new events"
     ;;
 worker_kill)
     start_worker w1 --slots 8 --sleep-ms 20

@@ -266,7 +266,8 @@ out:
     return rc;
 }
 
-static int s_watch(const char *job, const char *from, int64_t block_ms)
+static int s_watch(const char *job, const char *from, int64_t block_ms, int64_t max_events,
+                   bool list)
 {
     Anvil__Envelope env;
     Anvil__WatchRequest w = ANVIL__WATCH_REQUEST__INIT;
@@ -274,7 +275,7 @@ static int s_watch(const char *job, const char *from, int64_t block_ms)
     w.job_id = (char *)job;
     w.from_offset = (char *)from;
     w.has_max_events = w.has_block_ms = 1;
-    w.max_events = 10000;
+    w.max_events = (uint32_t)max_events;
     w.block_ms = (uint32_t)block_ms;
     env.body_case = ANVIL__ENVELOPE__BODY_WATCH;
     env.watch = &w;
@@ -285,7 +286,10 @@ static int s_watch(const char *job, const char *from, int64_t block_ms)
     }
     zhashx_t *types = zhashx_new();
     for (size_t i = 0; i < r->watch_reply->n_events; i++) {
-        const char *t = r->watch_reply->events[i]->type ? r->watch_reply->events[i]->type : "?";
+        const Anvil__Event *e = r->watch_reply->events[i];
+        const char *t = e->type ? e->type : "?";
+        if (list)
+            printf("event %s %s %" PRIu64 ":%u\n", e->id, t, e->task_index, e->sample_index);
         uintptr_t c = (uintptr_t)zhashx_lookup(types, t);
         zhashx_update(types, t, (void *)(c + 1));
     }
@@ -452,6 +456,8 @@ int main(int argc, char **argv)
 {
     char *endpoint = NULL, *from = NULL, *name = NULL, *idem = NULL, *latency_log = NULL;
     int64_t tasks, chunk, n, priority, max_attempts, timeout_s, page, count, version, block_ms;
+    int64_t max_events;
+    bool list = false;
     int64_t latency, max_tokens;
     bool score = false, custom_ids = false, strict = false;
     const anv_cfg_opt_t opts[] = {
@@ -473,6 +479,9 @@ int main(int argc, char **argv)
         {"page", ANV_CFG_INT, "100", 1, 1000, "results page size", &page, false},
         {"from", ANV_CFG_STR, "0", 0, -1, "watch offset", &from, false},
         {"block-ms", ANV_CFG_INT, "0", 0, 60000, "watch long poll", &block_ms, false},
+        {"max-events", ANV_CFG_INT, "10000", 1, 10000, "watch: events per reply", &max_events,
+         false},
+        {"list", ANV_CFG_BOOL, "false", 0, -1, "watch: one line per event", &list, false},
         {"count", ANV_CFG_INT, "100", 1, 1000000, "garbage rounds", &count, false},
         {"version", ANV_CFG_INT, "1", 0, INT32_MAX, "weights version", &version, false},
         {"latency", ANV_CFG_INT, "0", 0, 1000000, "bench: idle single-task jobs", &latency,
@@ -515,7 +524,7 @@ int main(int argc, char **argv)
     } else if (!strcmp(cmd, "results"))
         rc = s_results(job, page);
     else if (!strcmp(cmd, "watch"))
-        rc = s_watch(job, from, block_ms);
+        rc = s_watch(job, from, block_ms, max_events, list);
     else if (!strcmp(cmd, "cancel") || !strcmp(cmd, "retry") || !strcmp(cmd, "workers") ||
              !strcmp(cmd, "weights"))
         rc = s_simple(cmd, job, version);
