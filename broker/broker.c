@@ -148,9 +148,11 @@ static void s_expire(broker_t *b)
             broker_redis_failed(b, "expire");
             return;
         }
-        size_t n = r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
+        const redisReply *ids = r->type == REDIS_REPLY_ARRAY && r->elements == 3 ? r->element[0]
+                                                                                  : NULL;
+        size_t n = ids && ids->type == REDIS_REPLY_ARRAY ? ids->elements : 0;
         for (size_t i = 0; i < n; i++) {
-            const char *id = r->element[i]->str;
+            const char *id = broker_reply_str(ids, i, NULL);
             char kind, job[ANV_ID_SIZE];
             uint64_t t;
             uint32_t s, a;
@@ -168,6 +170,7 @@ static void s_expire(broker_t *b)
         b->m.leases_expired += n;
         if (n)
             ANV_WARN("%zu leases expired and were re-queued", n);
+        broker_on_released(b, r, 1);
         freeReplyObject(r);
         if (n < 1000)
             break;

@@ -53,6 +53,25 @@ local function chunked(cmd, key, args, step)
     end
 end
 
+-- HMGET of any number of fields (unpack() has a limit): the values, in order, false if absent
+local function hmget(key, fields)
+    local n = #fields
+    if n <= 4000 then
+        return redis.call('HMGET', key, unpack(fields))
+    end
+    local out = {}
+    local i = 1
+    while i <= n do
+        local last = math.min(i + 3999, n)
+        local part = redis.call('HMGET', key, unpack(fields, i, last))
+        for k = 1, #part do
+            out[i + k - 1] = part[k]
+        end
+        i = last + 1
+    end
+    return out
+end
+
 local function check_done(j, now)
     local v = redis.call('HMGET', jk(j), 'final', 'terminal', 'samples_total', 'state')
     if v[1] == '1' and live(v[4]) and num(v[2], 0) >= num(v[3], 0) then
@@ -112,8 +131,10 @@ local function op_create(a)
     return {j, 0}
 end
 
--- submit now job final count chunk_key {custom_id task_bytes n}*count
+-- submit now job final count chunk_key xkinds {custom_id task_bytes n}*count
 --   -> {accepted, skipped, tasks}
+-- xkinds: bit mask of the task kinds in the chunk (1 << TaskKind), or-ed into the job's
+-- `xkinds`: exec units go only to workers that can score every kind the job has.
 -- A chunk key ('' = none) makes a retried chunk (lost reply) answer as before, adding nothing.
 local function op_submit(a)
     local now, j, final, cnt, ck = a[2], a[3], a[4], num(a[5], 0), a[6]
@@ -125,10 +146,11 @@ local function op_submit(a)
             return {num(acc, 0), num(skip, 0), num(tasks, 0)}
         end
     end
-    local v = redis.call('HMGET', jh, 'state', 'tasks', 'samples_total', 'n', 'final')
+    local v = redis.call('HMGET', jh, 'state', 'tasks', 'samples_total', 'n', 'final', 'xkinds')
     if not v[1] then
         return redis.error_reply('ENOTFOUND no such job')
     end
+    local xk = bit.bor(num(v[6], 0), num(a[7], 0))
     local state = v[1]
     if state == 'cancelled' or state == 'failed' then
         return redis.error_reply('ESTATE job is ' .. state)
@@ -136,7 +158,7 @@ local function op_submit(a)
     -- a job that is final takes no new tasks; re-submitting ones it has is fine (skipped)
     if v[5] == '1' then
         for i = 0, cnt - 1 do
-            local cid = a[7 + 3 * i]
+            local cid = a[8 + 3 * i]
             if cid == '' or redis.call('HEXISTS', jk(j, 'cid'), cid) == 0 then
                 return redis.error_reply('ESTATE job is final and takes no new tasks')
             end
@@ -147,7 +169,7 @@ local function op_submit(a)
     local acc, skip = 0, 0
     local hs, tn = {}, {}
     for i = 0, cnt - 1 do
-        local cid, body, tnv = a[7 + 3 * i], a[8 + 3 * i], num(a[9 + 3 * i], 0)
+        local cid, body, tnv = a[8 + 3 * i], a[9 + 3 * i], num(a[10 + 3 * i], 0)
         if cid ~= '' and redis.call('HSETNX', jk(j, 'cid'), cid, idx) == 0 then
             skip = skip + 1
         else
@@ -172,7 +194,7 @@ local function op_submit(a)
     if state == 'submitting' then
         state = 'queued'
     end
-    redis.call('HSET', jh, 'tasks', idx, 'samples_total', tot, 'state', state)
+    redis.call('HSET', jh, 'tasks', idx, 'samples_total', tot, 'state', state, 'xkinds', xk)
     if final == '1' then
         redis.call('HSET', jh, 'final', 1)
     end
@@ -248,10 +270,10 @@ local function op_lease(a)
                 for i = 1, k do
                     fields[i] = cur + i - 1
                 end
-                local bodies = redis.call('HMGET', jk(j, 'tasks'), unpack(fields))
+                local bodies = hmget(jk(j, 'tasks'), fields)
                 local ns = nil
                 if v[5] == '1' then
-                    ns = redis.call('HMGET', jk(j, 'tn'), unpack(fields))
+                    ns = hmget(jk(j, 'tn'), fields)
                 end
                 for i = 1, k do
                     local n = jn
@@ -301,7 +323,7 @@ end
 ------------------------------------------------------------------------------------------------
 -- complete now count {kind job task sample lease_id last payload info}*count
 --   info: gen "tokens failed(0|1)", exec "correct(0|1) speedup status"
---   -> {duplicates, discarded, invalid, {job done exec_added}*}
+--   -> {duplicates, discarded, invalid, {job done exec_added generated tokens scored correct}*}
 -- Work is grouped per job: one HMGET finds records that exist already (idempotency by
 -- (job, task, sample), also within the batch), one HSET writes the new ones, and one event per
 -- (type, detail, term) group lists its samples, so the per-sample cost is table work in Lua
@@ -316,7 +338,7 @@ local function commit_job(j, J, a, now)
         for k = 1, #items do
             ts[k] = a[items[k] + 2]
         end
-        tn = redis.call('HMGET', jk(j, 'tn'), unpack(ts))
+        tn = hmget(jk(j, 'tn'), ts)
     end
     local fs, keep = {}, {}
     for k = 1, #items do
@@ -338,12 +360,12 @@ local function commit_job(j, J, a, now)
     end
     local dead = nil
     if J.anydead then
-        dead = redis.call('HMGET', jk(j, 'dead'), unpack(fs))
+        dead = hmget(jk(j, 'dead'), fs)
     end
-    local res = J.kind_g and redis.call('HMGET', jk(j, 'res'), unpack(fs)) or nil
-    local exe = J.kind_e and redis.call('HMGET', jk(j, 'exec'), unpack(fs)) or nil
+    local res = J.kind_g and hmget(jk(j, 'res'), fs) or nil
+    local exe = J.kind_e and hmget(jk(j, 'exec'), fs) or nil
     local seen = {}
-    local hres, hexe, groups, gorder = {}, {}, {}, {}
+    local hres, hexe, groups, gorder, gerr, xerr = {}, {}, {}, {}, {}, {}
     local function add_ev(typ, d, term, f)
         local key = typ .. '\n' .. d .. '\n' .. term
         local g = groups[key]
@@ -373,6 +395,8 @@ local function commit_job(j, J, a, now)
                 if failed == '1' then
                     J.failed = J.failed + 1
                     J.term = J.term + 1
+                    gerr[#gerr + 1] = f
+                    gerr[#gerr + 1] = tok or '0'
                     add_ev('sample', 'error', '1', f)
                 elseif J.score then
                     J.xq[#J.xq + 1] = f
@@ -396,6 +420,10 @@ local function commit_job(j, J, a, now)
                     J.correct = J.correct + 1
                     J.spd = J.spd + num(spd, 0)
                 end
+                if st == 'EXEC_NONE' then -- no verdict: the scoring itself failed
+                    xerr[#xerr + 1] = f
+                    xerr[#xerr + 1] = ok or '0'
+                end
                 add_ev('scored', st or '', '1', f)
             end
         end
@@ -405,6 +433,12 @@ local function commit_job(j, J, a, now)
     end
     if #hexe > 0 then
         chunked('HSET', jk(j, 'exec'), hexe, 4000)
+    end
+    if #gerr > 0 then
+        chunked('HSET', jk(j, 'gerr'), gerr, 4000)
+    end
+    if #xerr > 0 then
+        chunked('HSET', jk(j, 'xerr'), xerr, 4000)
     end
     for _, g in ipairs(gorder) do
         ev_list(j, g[1], g[4], g[2], g[3])
@@ -479,7 +513,7 @@ local function op_complete(a)
             redis.call('HINCRBY', jh, 'terminal', J.term)
             done = check_done(j, now)
         end
-        out[#out + 1] = {j, done, #J.xq}
+        out[#out + 1] = {j, done, #J.xq, J.gen, J.tok, J.scored, J.correct}
     end
     out[1], out[3] = dups, invalid
     return out
@@ -522,7 +556,7 @@ local function release_one(lid, now, penalty, fatal, err)
         else
             redis.call('RPUSH', jk(j, 'xq'), t .. ':' .. s)
         end
-        return 'requeued'
+        return 'requeued', j, 0
     end
     -- dead-letter every sample of the unit that has no terminal record yet
     local ss = {}
@@ -536,6 +570,7 @@ local function release_one(lid, now, penalty, fatal, err)
     end
     local dead = 0
     local why = 'attempts=' .. used .. ' ' .. err
+    local list = {}
     for _, si in ipairs(ss) do
         local f = t .. ':' .. si
         local done
@@ -545,38 +580,63 @@ local function release_one(lid, now, penalty, fatal, err)
             done = redis.call('HEXISTS', jk(j, 'exec'), f)
         end
         if done == 0 and redis.call('HSETNX', jk(j, 'dead'), f, why) == 1 then
-            ev(j, 'dead', t, si, why, '1')
+            list[#list + 1] = f
             dead = dead + 1
         end
     end
     redis.call('ZADD', P .. 'deadletter', now, j .. '/' .. key)
     if dead > 0 then
+        ev_list(j, 'dead', list, why, '1')
         redis.call('HINCRBY', jh, 'dead', dead)
         redis.call('HINCRBY', jh, 'terminal', dead)
-        check_done(j, now)
+        if check_done(j, now) == 1 then
+            return 'dead', j, 1
+        end
     end
-    return 'dead'
+    return 'dead', j, 0
 end
 
--- release now penalty fatal err count lid* -> {requeued, dead, gone}
+-- release now penalty fatal err count lid* -> {requeued, dead, gone, {job}* (jobs with new
+-- events), {job}* (jobs that became done)}
+local function note_job(seen, list, j)
+    if j and not seen[j] then
+        seen[j] = true
+        list[#list + 1] = j
+    end
+end
+
 local function op_release(a)
     local now, pen, fatal, err, cnt = a[2], a[3], a[4], a[5], num(a[6], 0)
     local r = {requeued = 0, dead = 0, gone = 0}
+    local touched, done, seen_t, seen_d = {}, {}, {}, {}
     for i = 1, cnt do
-        local what = release_one(a[6 + i], now, pen, fatal, err)
+        local what, j, fin = release_one(a[6 + i], now, pen, fatal, err)
         r[what] = r[what] + 1
+        if what == 'dead' then
+            note_job(seen_t, touched, j)
+        end
+        if fin == 1 then
+            note_job(seen_d, done, j)
+        end
     end
-    return {r.requeued, r.dead, r.gone}
+    return {r.requeued, r.dead, r.gone, touched, done}
 end
 
--- expire now limit -> {lease ids released}
+-- expire now limit -> {{lease ids released}, {job}* (new events), {job}* (became done)}
 local function op_expire(a)
     local now, limit = a[2], num(a[3], 1000)
     local due = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)
+    local touched, done, seen_t, seen_d = {}, {}, {}, {}
     for _, lid in ipairs(due) do
-        release_one(lid, now, '1', '0', 'lease expired')
+        local what, j, fin = release_one(lid, now, '1', '0', 'lease expired')
+        if what == 'dead' then
+            note_job(seen_t, touched, j)
+        end
+        if fin == 1 then
+            note_job(seen_d, done, j)
+        end
     end
-    return due
+    return {due, touched, done}
 end
 
 -- renew now lease_ms lid* -> {1 when the lease exists (renewed), else 0}*
@@ -633,9 +693,14 @@ local function op_cancel(a)
     return n
 end
 
--- retry now job -> dead-lettered units put back in their queues
+-- retry now job failed_only -> units put back in their queues
+-- Dead-lettered samples go back with fresh attempt counts; with failed_only also the samples
+-- whose generation ended in error (anv:job:<j>:gerr) and those whose scoring gave no verdict
+-- (:xerr): their records are removed and the counters taken back, so they run again. Each
+-- re-queued sample gets the id of this retry's event in :redo, so that the results stream
+-- skips its older, superseded terminal event.
 local function op_retry(a)
-    local now, j = a[2], a[3]
+    local now, j, failed_only = a[2], a[3], a[4] == '1'
     local jh = jk(j)
     local v = redis.call('HMGET', jh, 'state', 'score')
     if not v[1] then
@@ -644,8 +709,16 @@ local function op_retry(a)
     if v[1] == 'cancelled' then
         return redis.error_reply('ESTATE job is cancelled')
     end
+    local gen, n, redo = {}, 0, {}
+    local function requeue_gen(t)
+        if not gen[t] then
+            gen[t] = true
+            redis.call('RPUSH', jk(j, 'retry'), t)
+            redis.call('HDEL', jk(j, 'att'), 'g:' .. t)
+            n = n + 1
+        end
+    end
     local dead = redis.call('HKEYS', jk(j, 'dead'))
-    local gen, n = {}, 0
     for _, f in ipairs(dead) do
         local t = string.match(f, '^(%d+):')
         if t then
@@ -653,24 +726,68 @@ local function op_retry(a)
                 redis.call('RPUSH', jk(j, 'xq'), f)
                 redis.call('HDEL', jk(j, 'att'), 'e:' .. f)
                 n = n + 1
-            elseif not gen[t] then
-                gen[t] = true
-                redis.call('RPUSH', jk(j, 'retry'), t)
-                redis.call('HDEL', jk(j, 'att'), 'g:' .. t)
-                n = n + 1
+            else
+                requeue_gen(t)
             end
+            redo[#redo + 1] = f
         end
         redis.call('HDEL', jk(j, 'dead'), f)
     end
+    local terminal = #dead
     if #dead > 0 then
         redis.call('HINCRBY', jh, 'dead', -#dead)
-        redis.call('HINCRBY', jh, 'terminal', -#dead)
+    end
+    if failed_only then
+        local ge = redis.call('HGETALL', jk(j, 'gerr'))
+        local k, tok = 0, 0
+        for i = 1, #ge, 2 do
+            local f = ge[i]
+            local t = string.match(f, '^(%d+):')
+            if t and redis.call('HDEL', jk(j, 'res'), f) == 1 then
+                k = k + 1
+                tok = tok + num(ge[i + 1], 0)
+                requeue_gen(t)
+                redo[#redo + 1] = f
+            end
+        end
+        redis.call('DEL', jk(j, 'gerr'))
+        if k > 0 then
+            redis.call('HINCRBY', jh, 'generated', -k)
+            redis.call('HINCRBY', jh, 'failed', -k)
+            redis.call('HINCRBY', jh, 'tokens', -tok)
+            terminal = terminal + k
+        end
+        local xe = redis.call('HKEYS', jk(j, 'xerr'))
+        k = 0
+        for _, f in ipairs(xe) do
+            if redis.call('HDEL', jk(j, 'exec'), f) == 1 then
+                k = k + 1
+                redis.call('RPUSH', jk(j, 'xq'), f)
+                redis.call('HDEL', jk(j, 'att'), 'e:' .. f)
+                n = n + 1
+                redo[#redo + 1] = f
+            end
+        end
+        redis.call('DEL', jk(j, 'xerr'))
+        if k > 0 then
+            redis.call('HINCRBY', jh, 'scored', -k)
+            terminal = terminal + k
+        end
+    end
+    if terminal > 0 then
+        redis.call('HINCRBY', jh, 'terminal', -terminal)
         if v[1] == 'done' or v[1] == 'failed' then
             redis.call('HSET', jh, 'state', 'running')
             redis.call('HDEL', jh, 'finished_ms')
             redis.call('SADD', ACTIVE, j)
         end
-        ev(j, 'retry', '', '', 'units=' .. n, '0')
+        local id = ev(j, 'retry', '', '', 'units=' .. n, '0')
+        local h = {}
+        for _, f in ipairs(redo) do
+            h[#h + 1] = f
+            h[#h + 1] = id
+        end
+        chunked('HSET', jk(j, 'redo'), h, 4000)
     end
     return n
 end
@@ -698,6 +815,20 @@ local function item_offset(id, k, n)
     return id .. '.' .. (k - 1)
 end
 
+-- stream ids "ms-seq": x before y
+local function id_before(x, y)
+    local xm, xs = string.match(x, '^(%d+)%-(%d+)$')
+    local ym, ys = string.match(y, '^(%d+)%-(%d+)$')
+    if not xm or not ym then
+        return false
+    end
+    xm, ym = tonumber(xm), tonumber(ym)
+    if xm ~= ym then
+        return xm < ym
+    end
+    return tonumber(xs) < tonumber(ys)
+end
+
 -- results job cursor page -> {next_cursor, more(0|1), {offset task sample type res exec dead}*}
 -- Pages walk the job's event stream and keep its terminal events, so results come in
 -- completion order, each once, and a cursor stays valid while the job keeps running.
@@ -716,6 +847,7 @@ local function op_results(a)
     local last = cursor
     local more = 1
     local full = false
+    local retried = redis.call('EXISTS', jk(j, 'redo')) == 1
     while not full do
         local want = page - #items + 8
         local evs = redis.call('XRANGE', jk(j, 'events'), start, '+', 'COUNT', want)
@@ -731,9 +863,20 @@ local function op_results(a)
                 k0 = skip + 1
             end
             last = id
+            local redo = nil
+            if retried and h.term == '1' and k0 <= #its then
+                local fs = {}
+                for k = 1, #its do
+                    fs[k] = its[k][1] .. ':' .. its[k][2]
+                end
+                redo = hmget(jk(j, 'redo'), fs)
+            end
             if h.term == '1' then
                 for k = k0, #its do
-                    items[#items + 1] = {item_offset(id, k, #its), its[k][1], its[k][2], h.type}
+                    if not (redo and redo[k] and id_before(id, redo[k])) then
+                        items[#items + 1] = {item_offset(id, k, #its), its[k][1], its[k][2],
+                                             h.type}
+                    end
                     if #items >= page then
                         last = item_offset(id, k, #its)
                         full = true
@@ -760,7 +903,7 @@ local function op_results(a)
         end
         local res = redis.call('HMGET', jk(j, 'res'), unpack(fs))
         local exe = redis.call('HMGET', jk(j, 'exec'), unpack(fs))
-        local dead = redis.call('HMGET', jk(j, 'dead'), unpack(fs))
+        local dead = hmget(jk(j, 'dead'), fs)
         for k = 1, #items do
             local it = items[k]
             it[5], it[6], it[7] = res[k] or '', exe[k] or '', dead[k] or ''
@@ -786,11 +929,11 @@ local function op_load(a)
     end
     for _, j in ipairs(ids) do
         local v = redis.call('HMGET', jk(j), 'state', 'priority', 'tasks', 'cursor', 'final',
-                             'spec', 'created_ms')
+                             'spec', 'created_ms', 'xkinds')
         if v[1] then
             out[#out + 1] = {j, v[1], v[2] or '0', v[3] or '0', v[4] or '0', v[5] or '0',
                              v[6] or '', redis.call('LLEN', jk(j, 'retry')),
-                             redis.call('LLEN', jk(j, 'xq')), v[7] or '0'}
+                             redis.call('LLEN', jk(j, 'xq')), v[7] or '0', v[8] or '0'}
         elseif not a[2] or a[2] == '' then
             redis.call('SREM', ACTIVE, j)
         end

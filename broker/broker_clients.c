@@ -170,6 +170,13 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
                  (unsigned long long)(req->has_chunk_index ? req->chunk_index : 0),
                  (unsigned long long)h);
     broker_args_str(b->args, ck);
+    uint32_t xkinds = 0;
+    for (size_t i = 0; i < req->n_tasks; i++) {
+        const Anvil__TaskRef *ref = req->tasks[i]->ref;
+        if (ref && ref->has_kind && ref->kind > 0 && ref->kind < 32)
+            xkinds |= 1u << ref->kind;
+    }
+    broker_args_int(b->args, xkinds);
     for (size_t i = 0; i < req->n_tasks; i++) {
         Anvil__Task *t = req->tasks[i];
         t->has_index = 0;
@@ -196,6 +203,7 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
     if (j && acc > 0) {
         j->ready_fresh += acc;
         j->live = true;
+        j->xkinds |= xkinds;
     } else if (!j && acc > 0) {
         broker_sched_load(b, job_id);
     }
@@ -257,7 +265,8 @@ static uint64_t s_u(const redisReply *h, const char *name)
 }
 
 /* fills st from the job hash; strings point into h */
-static int s_status(broker_t *b, const char *job_id, Anvil__JobStatus *st, redisReply **h)
+int broker_clients_job_status(broker_t *b, const char *job_id, Anvil__JobStatus *st,
+                              redisReply **h)
 {
     char key[64];
     snprintf(key, sizeof key, "anv:job:%s", job_id);
@@ -345,7 +354,7 @@ static void s_on_status(broker_t *b, zframe_t *id, uint64_t rid, Anvil__StatusRe
     size_t k = 0;
     int rc = 0;
     for (size_t i = 0; sts && ptrs && hs && i < n; i++) {
-        rc = s_status(b, ids[i], &sts[k], &hs[k]);
+        rc = broker_clients_job_status(b, ids[i], &sts[k], &hs[k]);
         if (rc == 0) {
             ptrs[k] = &sts[k];
             k++;
@@ -511,7 +520,7 @@ static int s_answer_watch(broker_t *b, zframe_t *id, uint64_t rid, const char *j
     wr.last_offset = (char *)(k ? evs[k - 1].id : (offset ? offset : ""));
     Anvil__JobStatus st;
     redisReply *h = NULL;
-    if (s_status(b, job_id, &st, &h) == 0)
+    if (broker_clients_job_status(b, job_id, &st, &h) == 0)
         wr.status = &st;
     env.body_case = ANVIL__ENVELOPE__BODY_WATCH_REPLY;
     env.watch_reply = &wr;
@@ -762,9 +771,11 @@ static void s_on_retry(broker_t *b, zframe_t *id, uint64_t rid, Anvil__RetryRequ
         s_error(b, id, rid, ANV_ENOTFOUND, "no such job");
         return;
     }
+    broker_commit(b); /* results on their way count before the failures are looked at */
     broker_args_reset(b->args, "retry");
     broker_args_int(b->args, anv_wall_ms());
     broker_args_str(b->args, req->job_id);
+    broker_args_str(b->args, req->has_failed_only && req->failed_only ? "1" : "0");
     redisReply *r = NULL;
     int rc = broker_store_call(b->store, b->args, &r);
     if (rc != 0) {
@@ -775,6 +786,9 @@ static void s_on_retry(broker_t *b, zframe_t *id, uint64_t rid, Anvil__RetryRequ
     freeReplyObject(r);
     if (n)
         broker_sched_load(b, req->job_id);
+    ANV_JINFO(req->job_id, "retry%s: %llu units re-queued",
+              req->has_failed_only && req->failed_only ? " of failed samples" : "",
+              (unsigned long long)n);
     Anvil__Envelope env;
     Anvil__RetryReply rr = ANVIL__RETRY_REPLY__INIT;
     anv_msg_init(&env);
@@ -783,6 +797,7 @@ static void s_on_retry(broker_t *b, zframe_t *id, uint64_t rid, Anvil__RetryRequ
     env.body_case = ANVIL__ENVELOPE__BODY_RETRY_REPLY;
     env.retry_reply = &rr;
     s_reply(b, id, rid, &env);
+    broker_clients_on_job_events(b, req->job_id);
 }
 
 static void s_on_workers(broker_t *b, zframe_t *id, uint64_t rid)

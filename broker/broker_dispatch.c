@@ -69,6 +69,26 @@ bool broker_lease_parse(const char *id, char *kind, char job[ANV_ID_SIZE], uint6
     return true;
 }
 
+void broker_on_released(broker_t *b, const redisReply *r, size_t at)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < at + 2)
+        return;
+    const redisReply *done = r->element[at + 1], *touched = r->element[at];
+    for (size_t i = 0; done->type == REDIS_REPLY_ARRAY && i < done->elements; i++) {
+        broker_job_t *j = zhashx_lookup(b->jobs, broker_reply_str(done, i, NULL));
+        b->m.jobs_done++;
+        if (j) {
+            j->live = false;
+            ANV_JINFO(j->id, "job done (its last units were dead-lettered)");
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        const redisReply *l = pass ? done : touched;
+        for (size_t i = 0; l->type == REDIS_REPLY_ARRAY && i < l->elements; i++)
+            broker_clients_on_job_events(b, broker_reply_str(l, i, NULL));
+    }
+}
+
 int broker_release(broker_t *b, const char *const *ids, size_t n, bool penalty, bool fatal,
                    const char *why)
 {
@@ -91,6 +111,7 @@ int broker_release(broker_t *b, const char *const *ids, size_t n, bool penalty, 
     }
     b->m.units_requeued += (uint64_t)broker_reply_int(r, 0, 0);
     b->m.units_dead += (uint64_t)broker_reply_int(r, 1, 0);
+    broker_on_released(b, r, 3);
     freeReplyObject(r);
     /* ready counts changed: learn them on the next lease call */
     for (size_t i = 0; i < n; i++) {
@@ -151,11 +172,12 @@ static uint64_t s_fnv(const char *s)
     return h;
 }
 
-static broker_worker_t *s_pick_worker(broker_t *b, Anvil__WorkerKind kind)
+static broker_worker_t *s_pick_worker(broker_t *b, Anvil__WorkerKind kind,
+                                      const broker_job_t *job)
 {
     broker_worker_t *best = NULL;
     for (broker_worker_t *w = zhashx_first(b->by_ident); w; w = zhashx_next(b->by_ident)) {
-        if (w->kind != kind || broker_worker_credit(w) == 0)
+        if (w->kind != kind || broker_worker_credit(w) == 0 || !broker_worker_fits(w, job))
             continue;
         if (!best)
             best = w;
@@ -295,26 +317,56 @@ out:
     return rc;
 }
 
+/* promises one unit of job j to a fitting worker with credit left in this round */
+static bool s_reserve(broker_t *b, Anvil__WorkerKind kind, const broker_job_t *j)
+{
+    broker_worker_t *best = NULL;
+    for (broker_worker_t *w = zhashx_first(b->by_ident); w; w = zhashx_next(b->by_ident))
+        if (w->kind == kind && w->round_credit > 0 && broker_worker_fits(w, j) &&
+            (!best || w->round_credit > best->round_credit))
+            best = w;
+    if (best)
+        best->round_credit--;
+    return best != NULL;
+}
+
+static void s_unblock(broker_t *b)
+{
+    for (broker_job_t *j = zhashx_first(b->jobs); j; j = zhashx_next(b->jobs))
+        j->blocked = false;
+}
+
 static void s_dispatch_kind(broker_t *b, int kind)
 {
     Anvil__WorkerKind wk = kind == 0 ? ANVIL__WORKER_KIND__WORKER_GEN : ANVIL__WORKER_KIND__WORKER_EXEC;
     int64_t credit = 0;
     for (broker_worker_t *w = zhashx_first(b->by_ident); w; w = zhashx_next(b->by_ident))
-        if (w->kind == wk)
-            credit += broker_worker_credit(w);
+        if (w->kind == wk) {
+            w->round_credit = broker_worker_credit(w);
+            credit += w->round_credit;
+        }
     if (credit > b->cfg.batch)
         credit = b->cfg.batch;
     if (credit <= 0)
         return;
-    /* share the credit out between jobs; tentative counts are corrected by the reply */
+    /* share the credit out between jobs, each unit promised to a worker that fits its job
+       (model, task kinds); a job no worker with credit fits sits this round out. Tentative
+       counts are corrected by the reply. */
     enum { MAXG = 64 };
     broker_job_t *gj[MAXG];
     int64_t gn[MAXG];
     int ng = 0;
-    for (int64_t k = 0; k < credit; k++) {
+    int64_t misses = 0, max_misses = (int64_t)zhashx_size(b->jobs);
+    for (int64_t k = 0; k < credit && misses <= max_misses;) {
         broker_job_t *j = broker_sched_pick(b, kind);
         if (!j)
             break;
+        if (!s_reserve(b, wk, j)) {
+            j->blocked = true;
+            misses++;
+            continue;
+        }
+        k++;
         int g = 0;
         while (g < ng && gj[g] != j)
             g++;
@@ -335,6 +387,7 @@ static void s_dispatch_kind(broker_t *b, int kind)
             j->ready_exec--;
         }
     }
+    s_unblock(b);
     if (!ng)
         return;
     broker_args_reset(b->args, "lease");
@@ -371,7 +424,7 @@ static void s_dispatch_kind(broker_t *b, int kind)
         if (!s_unit_from(units, i * 9, &x))
             continue;
         broker_job_t *job = zhashx_lookup(b->jobs, x.job);
-        broker_worker_t *w = s_pick_worker(b, wk);
+        broker_worker_t *w = s_pick_worker(b, wk, job);
         const char *why = "no worker with credit";
         uint32_t n_samples = 0;
         int rc = w ? s_send_unit(b, w, job, &x, &n_samples, &why) : -EAGAIN;
@@ -642,16 +695,23 @@ int broker_commit(broker_t *b)
                                  (uint64_t)broker_reply_int(r, 2, 0);
         for (size_t i = 3; i < r->elements; i++) {
             const redisReply *e = r->element[i];
-            broker_job_t *j = zhashx_lookup(b->jobs, broker_reply_str(e, 0, NULL));
-            if (!j)
-                continue;
-            j->ready_exec += broker_reply_int(e, 2, 0);
-            if (broker_reply_int(e, 1, 0) == 1) {
-                j->live = false;
+            const char *jid = broker_reply_str(e, 0, NULL);
+            broker_job_t *j = zhashx_lookup(b->jobs, jid);
+            bool fin = broker_reply_int(e, 1, 0) == 1;
+            if (fin) {
                 b->m.jobs_done++;
-                ANV_JINFO(j->id, "job done");
+                ANV_JINFO(jid, "job done");
             }
-            broker_clients_on_job_events(b, j->id);
+            b->m.samples_generated += (uint64_t)broker_reply_int(e, 3, 0);
+            b->m.tokens_generated += (uint64_t)broker_reply_int(e, 4, 0);
+            b->m.evals_done += (uint64_t)broker_reply_int(e, 5, 0);
+            b->m.evals_correct += (uint64_t)broker_reply_int(e, 6, 0);
+            if (j) {
+                j->ready_exec += broker_reply_int(e, 2, 0);
+                if (fin)
+                    j->live = false;
+            }
+            broker_clients_on_job_events(b, jid);
         }
         freeReplyObject(r);
         for (size_t i = done; i < done + k; i++)
@@ -667,6 +727,7 @@ int broker_commit(broker_t *b)
 
 void broker_hist_add(broker_hist_t *h, int64_t us)
 {
+    h->sum_us += us > 0 ? (double)us : 0;
     int k = 0;
     while (us > 1 && k < BROKER_HIST_BUCKETS - 1) {
         us >>= 1;

@@ -62,7 +62,7 @@ broker_job_t *broker_sched_pick(broker_t *b, int kind)
 {
     broker_job_t *best = NULL;
     for (broker_job_t *j = zhashx_first(b->jobs); j; j = zhashx_next(b->jobs)) {
-        if (broker_job_ready(j, kind) <= 0)
+        if (j->blocked || broker_job_ready(j, kind) <= 0)
             continue;
         if (j->pass[kind] < b->vtime[kind])
             j->pass[kind] = b->vtime[kind];
@@ -148,6 +148,7 @@ int broker_sched_load(broker_t *b, const char *only)
         j->ready_fresh = tasks > cursor ? tasks - cursor : 0;
         j->ready_retry = broker_reply_int(e, 7, 0);
         j->ready_exec = broker_reply_int(e, 8, 0);
+        j->xkinds = (uint32_t)broker_reply_int(e, 10, 0);
         if (fresh)
             zhashx_insert(b->jobs, j->id, j);
         loaded++;

@@ -3,7 +3,7 @@
 # the real broker and real worker processes built on anvil_broker_client (broker_test_worker),
 # driven by broker_test_client. Assertions are on what lands in Redis and what the client
 # prints. Scenarios: basic score resubmit watch worker_kill broker_kill redis_restart cancel
-# priority fair_share dead_letter garbage weights.
+# priority fair_share dead_letter retry_failed matching garbage weights.
 set -euo pipefail
 scenario=${1:?usage: broker_it.sh SCENARIO}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -314,6 +314,8 @@ dead_letter)
     rc hget "anv:job:$j:dead" 0:1 | grep -q "attempts=3 test worker fails every unit" ||
         fail "last error: $(rc hget "anv:job:$j:dead" 0:1)"
     [ "$(rc zcard anv:deadletter)" = 5 ] || fail "dead-letter set"
+    sleep $(( HB * 2 / 1000 + 1 ))
+    [ "$(metric jobs_done)" = 1 ] || fail "a job finished by dead-lettering not counted: jobs_done=$(metric jobs_done)"
     out=$(client results "$j")
     [ "$out" = "results 10 unique 10 duplicates 0 errors 10 correct 0" ] || fail "$out"
     # put them back with a working worker: they complete
@@ -324,7 +326,64 @@ dead_letter)
     wait_done "$j"
     st=$(status "$j")
     [ "$(field "$st" generated)" = 10 ] && [ "$(field "$st" dead)" = 0 ] || fail "after retry: $st"
+    out=$(client results "$j")
+    [ "$out" = "results 10 unique 10 duplicates 0 errors 0 correct 0" ] ||
+        fail "results after retry still list the dead-lettered attempts: $out"
     pass "dead-lettered after 3 attempts with the last error; retry re-ran them"
+    ;;
+retry_failed)
+    # samples of tasks 0,4,8,.. end in error; exec of tasks 5,10,15 gives no verdict
+    start_worker g1 --error-every 4
+    start_worker x1 --kind exec --error-every 5
+    j=$(submit --tasks 20 --n 2 --score)
+    wait_done "$j"
+    st=$(status "$j")
+    [ "$(field "$st" failed)" = 10 ] && [ "$(field "$st" scored)" = 30 ] &&
+        [ "$(field "$st" correct)" = 24 ] || fail "before retry: $st"
+    { kill -9 "${PIDS[g1]}" "${PIDS[x1]}" && wait "${PIDS[g1]}" "${PIDS[x1]}"; } 2>/dev/null || true
+    out=$(client retry "$j")
+    [ "$out" = "requeued 0" ] || fail "plain retry re-queued errors: $out"
+    start_worker g2
+    start_worker x2 --kind exec
+    out=$(client retry "$j" --failed)
+    [ "$out" = "requeued 11" ] || fail "retry --failed: $out (want 5 gen units + 6 exec units)"
+    wait_done "$j"
+    st=$(status "$j")
+    [ "$(field "$st" failed)" = 0 ] && [ "$(field "$st" generated)" = 40 ] &&
+        [ "$(field "$st" scored)" = 40 ] && [ "$(field "$st" correct)" = 40 ] || fail "after retry: $st"
+    out=$(client results "$j" --page 3)
+    [ "$out" = "results 40 unique 40 duplicates 0 errors 0 correct 40" ] || fail "results after retry: $out"
+    # only what failed ran again: g2 got tasks 0,4,8,12,16, x2 the 6 samples without a verdict
+    [ "$(awk '{print $4}' "$D/g2.units" | sort -n | tr '\n' ' ')" = "0 4 8 12 16 " ] ||
+        fail "gen units after retry: $(awk '{print $4}' "$D/g2.units" | tr '\n' ' ')"
+    [ "$(units_of x2)" = 16 ] || fail "exec units after retry: $(units_of x2) (want 10 new + 6 re-run)"
+    pass "retry --failed re-ran the 10 errored samples and 6 unscored ones, nothing else; results list each sample once"
+    ;;
+matching)
+    start_worker ga --model /models/alpha/
+    start_worker gb --model beta
+    start_worker xk --kind exec --caps kernelbench
+    start_worker xt --kind exec --caps tritonbench-g,tritonbench-t
+    a=$(submit --tasks 30 --model alpha --score --task-kind 2)
+    b=$(submit --tasks 30 --model beta --score --task-kind 1)
+    c=$(submit --tasks 30)
+    wait_done "$a"; wait_done "$b"; wait_done "$c"
+    [ "$(grep -c " $b " "$D/ga.units" || true)" = 0 ] && [ "$(grep -c " $a " "$D/gb.units" || true)" = 0 ] ||
+        fail "a job ran on a worker of another model"
+    [ "$(grep -c " $a " "$D/ga.units")" = 30 ] && [ "$(grep -c " $b " "$D/gb.units")" = 30 ] ||
+        fail "gen units per model"
+    [ "$(( $(grep -c " $c " "$D/ga.units" || true) + $(grep -c " $c " "$D/gb.units" || true) ))" = 30 ] ||
+        fail "the job without a model"
+    [ "$(grep -c " $a " "$D/xt.units")" = 30 ] && [ "$(grep -c " $b " "$D/xk.units")" = 30 ] &&
+        [ "$(grep -c " $a " "$D/xk.units" || true)" = 0 ] || fail "exec units by task kind"
+    # a model nobody serves waits, then runs when such a worker arrives
+    d=$(submit --tasks 10 --model gamma)
+    sleep 1
+    [ "$(field "$(status "$d")" generated)" = 0 ] || fail "gamma job ran without a gamma worker"
+    start_worker gc --model gamma
+    wait_done "$d"
+    [ "$(units_of gc)" = 10 ] || fail "gamma worker got $(units_of gc) units"
+    pass "units went only to workers of the job's model and task kinds; a job waits for its model"
     ;;
 garbage)
     client garbage --count 200 >/dev/null

@@ -10,7 +10,7 @@
                         dead X"; exit 1 on a duplicate (job, task, sample)
       watch JOB         reads events from --from; prints "events N last OFFSET types ..."
       cancel JOB        prints "cancelled N"
-      retry JOB         prints "requeued N"
+      retry JOB         prints "requeued N" (--failed: also samples that ended in error)
       workers           one line per worker
       weights           UPDATE_WEIGHTS --version V; prints "weights version V workers N"
       garbage           sends hostile bytes to --endpoint (random, empty, truncated, wrong
@@ -37,6 +37,7 @@
 static zsock_t *g_sock;
 static uint64_t g_rid;
 static int64_t g_timeout_ms = 15000;
+static bool g_failed_only;   /* retry --failed */
 
 static Anvil__Envelope *s_call(Anvil__Envelope *req)
 {
@@ -72,6 +73,8 @@ typedef struct {
     int64_t tasks, chunk, n, priority, max_attempts, max_tokens;
     bool score, custom_ids, strict;
     char *name, *idem;
+    char *model;         /* JobSpec.model ("" = any worker) */
+    int64_t task_kind;   /* TaskRef.kind of every task (0 = none) */
 } s_submit_opts_t;
 
 /* returns 0 and the job id */
@@ -84,6 +87,7 @@ static int s_submit(const s_submit_opts_t *o, char job[ANV_ID_SIZE], bool quiet)
     Anvil__Task **ptrs = calloc((size_t)o->chunk, sizeof *ptrs);
     char (*cid)[32] = calloc((size_t)o->chunk, 32);
     char (*prompt)[48] = calloc((size_t)o->chunk, 48);
+    Anvil__TaskRef *refs = calloc((size_t)o->chunk, sizeof *refs);
     int rc = 1;
     int64_t i = 0;
     uint64_t chunk_index = 0;
@@ -93,6 +97,12 @@ static int s_submit(const s_submit_opts_t *o, char job[ANV_ID_SIZE], bool quiet)
             anvil__task__init(&tasks[t]);
             snprintf(prompt[t], 48, "prompt %lld", (long long)(i + t));
             tasks[t].prompt = prompt[t];
+            if (o->task_kind > 0) {
+                refs[t] = (Anvil__TaskRef)ANVIL__TASK_REF__INIT;
+                refs[t].has_kind = 1;
+                refs[t].kind = (Anvil__TaskKind)o->task_kind;
+                tasks[t].ref = &refs[t];
+            }
             if (o->custom_ids) {
                 snprintf(cid[t], 32, "c%lld", (long long)(i + t));
                 tasks[t].custom_id = cid[t];
@@ -106,6 +116,7 @@ static int s_submit(const s_submit_opts_t *o, char job[ANV_ID_SIZE], bool quiet)
         anv_msg_init(&env);
         if (!job[0]) {
             spec.name = o->name;
+            spec.model = o->model && *o->model ? o->model : NULL;
             spec.idempotency_key = o->idem && *o->idem ? o->idem : NULL;
             spec.has_priority = spec.has_n = spec.has_score = spec.has_max_attempts = 1;
             spec.priority = (int32_t)o->priority;
@@ -151,6 +162,7 @@ out:
     free(ptrs);
     free(cid);
     free(prompt);
+    free(refs);
     return rc;
 }
 
@@ -317,6 +329,8 @@ static int s_simple(const char *cmd, const char *job, int64_t version)
         env.cancel = &c;
     } else if (!strcmp(cmd, "retry")) {
         rt.job_id = (char *)job;
+        rt.has_failed_only = g_failed_only;
+        rt.failed_only = g_failed_only;
         env.body_case = ANVIL__ENVELOPE__BODY_RETRY;
         env.retry = &rt;
     } else if (!strcmp(cmd, "workers")) {
@@ -455,6 +469,8 @@ static int s_bench(s_submit_opts_t *o, int64_t latency_n, const char *latency_lo
 int main(int argc, char **argv)
 {
     char *endpoint = NULL, *from = NULL, *name = NULL, *idem = NULL, *latency_log = NULL;
+    char *model = NULL;
+    int64_t task_kind;
     int64_t tasks, chunk, n, priority, max_attempts, timeout_s, page, count, version, block_ms;
     int64_t max_events;
     bool list = false;
@@ -482,6 +498,11 @@ int main(int argc, char **argv)
         {"max-events", ANV_CFG_INT, "10000", 1, 10000, "watch: events per reply", &max_events,
          false},
         {"list", ANV_CFG_BOOL, "false", 0, -1, "watch: one line per event", &list, false},
+        {"failed", ANV_CFG_BOOL, "false", 0, -1, "retry: also samples that ended in error",
+         &g_failed_only, false},
+        {"model", ANV_CFG_STR, "", 0, -1, "submit: the job's model", &model, false},
+        {"task-kind", ANV_CFG_INT, "0", 0, 3, "submit: TaskRef.kind of every task", &task_kind,
+         false},
         {"count", ANV_CFG_INT, "100", 1, 1000000, "garbage rounds", &count, false},
         {"version", ANV_CFG_INT, "1", 0, INT32_MAX, "weights version", &version, false},
         {"latency", ANV_CFG_INT, "0", 0, 1000000, "bench: idle single-task jobs", &latency,
@@ -509,7 +530,7 @@ int main(int argc, char **argv)
         goto out;
     g_timeout_ms = timeout_s * 1000 < 60000 ? timeout_s * 1000 : 60000;
     s_submit_opts_t so = {tasks, chunk, n, priority, max_attempts, max_tokens, score, custom_ids,
-                          strict, name, idem};
+                          strict, name, idem, model, task_kind};
     char jid[ANV_ID_SIZE];
     if (!strcmp(cmd, "submit"))
         rc = s_submit(&so, jid, false);
