@@ -3,7 +3,8 @@
 # the real broker and real worker processes built on anvil_broker_client (broker_test_worker),
 # driven by broker_test_client. Assertions are on what lands in Redis and what the client
 # prints. Scenarios: basic score resubmit watch worker_kill broker_kill redis_restart cancel
-# priority fair_share dead_letter retry_failed matching garbage weights.
+# priority fair_share dead_letter retry_failed matching http_metrics status_page garbage
+# weights.
 set -euo pipefail
 scenario=${1:?usage: broker_it.sh SCENARIO}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -384,6 +385,109 @@ matching)
     wait_done "$d"
     [ "$(units_of gc)" = 10 ] || fail "gamma worker got $(units_of gc) units"
     pass "units went only to workers of the job's model and task kinds; a job waits for its model"
+    ;;
+http_metrics)
+    HP=$(pick_port)
+    kill -9 $BPID; wait $BPID 2>/dev/null || true
+    start_broker --metrics-endpoint "127.0.0.1:$HP"
+    # a client that sends half a request and stalls must not hold up the broker
+    exec 3<>"/dev/tcp/127.0.0.1/$HP"
+    printf 'GET /metrics HTTP/1.1\r\nHost: x\r\n' >&3
+    start_worker g1 --slots 8
+    start_worker x1 --kind exec --slots 8
+    j=$(submit --tasks 50 --score --n 2)
+    wait_done "$j" 30
+    sleep $(( HB * 3 / 1000 + 1 )) # heartbeats reported, a snapshot published
+    get() { curl -s --max-time 5 "http://127.0.0.1:$HP$1"; }
+    m=$(get /metrics) || fail "no /metrics"
+    exec 3>&-
+    # every sample line is "name{labels} value" (Prometheus text format 0.0.4)
+    bad=$(grep -v '^#' <<<"$m" | grep -Ev '^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? -?[0-9.e+-]+$|^$' || true)
+    [ -z "$bad" ] || fail "malformed metric lines: $(head -3 <<<"$bad")"
+    val() { awk -v k="$1" '$1 == k {print $2}' <<<"$m"; }
+    [ "$(val anvil_messages_dropped_total)" = 0 ] || fail "dropped: $(val anvil_messages_dropped_total)"
+    [ "$(val anvil_samples_total)" = 100 ] && [ "$(val anvil_evaluations_total)" = 100 ] &&
+        [ "$(val anvil_evaluations_correct_total)" = 100 ] && [ "$(val anvil_pass_rate)" = 1 ] ||
+        fail "counters: $(grep -E 'samples_total|evaluations' <<<"$m")"
+    [ "$(val anvil_tokens_total)" = 400 ] || fail "tokens: $(val anvil_tokens_total)"
+    [ "$(val 'anvil_workers{kind="gen",state="ready"}')" = 1 ] &&
+        [ "$(val 'anvil_workers{kind="exec",state="ready"}')" = 1 ] || fail "workers by kind and state"
+    [ "$(val 'anvil_queue_ready{stage="gen"}')" = 0 ] && [ "$(val 'anvil_in_flight{stage="exec"}')" = 0 ] ||
+        fail "queue gauges"
+    grep -q '^anvil_worker_tokens_generated{worker="g1",kind="gen",host="[^"]*"} 400$' <<<"$m" ||
+        fail "tokens reported by the worker's heartbeat: $(grep worker_tokens <<<"$m")"
+    grep -q '^anvil_worker_evals_done{worker="x1",kind="exec",host="[^"]*"} 100$' <<<"$m" ||
+        fail "evals reported by the worker's heartbeat: $(grep worker_evals <<<"$m")"
+    # 50 gen units (2 samples each) + 100 exec units
+    [ "$(val anvil_jobs_done_total)" = 1 ] && [ "$(val anvil_unit_round_trip_seconds_count)" = 150 ] ||
+        fail "jobs done / unit round trips"
+    grep -q '^anvil_messages_rejected_total{socket="worker",reason="malformed"} 0$' <<<"$m" ||
+        fail "rejected counters"
+    # hostile bytes are counted as rejected, never as dropped
+    "$CLIENT" garbage --endpoint "$WEP" --count 20 >/dev/null
+    sleep $(( HB * 2 / 1000 + 1 ))
+    m=$(get /metrics)
+    [ "$(awk '$1 ~ /^anvil_messages_rejected_total\{socket="worker"/ {s += $2} END {print s + 0}' <<<"$m")" -ge 20 ] ||
+        fail "garbage not counted: $(grep rejected <<<"$m")"
+    [ "$(val anvil_messages_dropped_total)" = 0 ] || fail "dropped after garbage"
+    st=$(get /api/status)
+    printf '%s' "$st" >"$D/status.json"
+    python3 - "$j" "$D/status.json" <<'PY' || fail "status json: $st"
+import json, sys
+s = json.load(open(sys.argv[2]))
+job = [j for j in s["jobs"] if j["id"] == sys.argv[1]][0]
+assert job["state"] == "done" and job["generated"] == 100 and job["scored"] == 100, job
+assert abs(job["progress"] - 1.0) < 1e-9, job
+assert sorted(w["id"] for w in s["workers"]) == ["g1", "x1"], s["workers"]
+assert s["totals"]["results_recorded"] == 200, s["totals"]
+PY
+    # every metric the Grafana dashboard uses is exported
+    for name in $(grep -o 'anvil_[a-z_]*' "$src/deploy/grafana/anvil.json" | sed 's/_bucket$//' | sort -u); do
+        grep -q "^# TYPE $name " <<<"$m" || fail "dashboard uses $name, which /metrics does not have"
+    done
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$HP/nope")" = 404 ] || fail "unknown path"
+    [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$HP/metrics")" = 405 ] ||
+        fail "POST"
+    pass "metrics in Prometheus format (counters, gauges, per-worker heartbeat values), status JSON, a stalled HTTP client did not hold up the job"
+    ;;
+status_page)
+    CHROME=$(command -v chromium || command -v chromium-browser || true)
+    [ -n "$CHROME" ] || { echo "SKIP: no chromium (apt-get install -y chromium)"; ok=1; exit 77; }
+    HP=$(pick_port)
+    kill -9 $BPID; wait $BPID 2>/dev/null || true
+    start_broker --metrics-endpoint "127.0.0.1:$HP"
+    start_worker page-gen --slots 4
+    start_worker page-exec --kind exec --slots 4
+    j=$(submit --tasks 40 --score --name "page <b>job</b>")
+    wait_done "$j" 30
+    sleep $(( HB * 2 / 1000 + 1 ))
+    # a running job too: held by a slow worker
+    start_worker page-slow --slots 1 --sleep-ms 60000
+    k=$(submit --tasks 3 --name slow-job)
+    sleep $(( HB * 3 / 1000 + 1 ))
+    flags=(--headless --disable-gpu --no-first-run --user-data-dir="$D/chrome" --virtual-time-budget=5000)
+    [ "$(id -u)" = 0 ] && flags+=(--no-sandbox) # chromium refuses to run as root with its sandbox
+    if ! timeout 90 "$CHROME" "${flags[@]}" --dump-dom "http://127.0.0.1:$HP/" >"$D/dom.html" 2>"$D/chrome.log"; then
+        grep -v -i dbus "$D/chrome.log" | tail -5
+        echo "SKIP: chromium cannot run here"; ok=1; exit 77
+    fi
+    dom=$(cat "$D/dom.html")
+    grep -q 'data-loaded="1"' <<<"$dom" || fail "the page did not load /api/status: $(head -c 600 <<<"$dom")"
+    grep -q "<tr data-job=\"$j\" data-state=\"done\" data-generated=\"40\">" <<<"$dom" ||
+        fail "finished job not shown: $(grep -o '<tr data-job[^>]*>' <<<"$dom")"
+    grep -q "<tr data-job=\"$k\" data-state=\"running\"" <<<"$dom" || fail "running job not shown"
+    grep -q 'page &lt;b&gt;job&lt;/b&gt;' <<<"$dom" || fail "job name not shown as text"
+    grep -q '<b>job</b>' <<<"$dom" && fail "job name was parsed as HTML"
+    for w in page-gen page-exec page-slow; do
+        grep -q "<tr data-worker=\"$w\"" <<<"$dom" || fail "worker $w not shown"
+    done
+    grep -q "data-worker=\"page-exec\" data-kind=\"exec\"" <<<"$dom" || fail "worker kind"
+    grep -q '100.0 %' <<<"$dom" || fail "progress of the finished job"
+    if timeout 90 "$CHROME" "${flags[@]}" --screenshot="$D/page.png" --window-size=1200,900 \
+        "http://127.0.0.1:$HP/" >/dev/null 2>&1 && [ -n "${ANVIL_ARTIFACTS_DIR:-}" ]; then
+        cp "$D/page.png" "$ANVIL_ARTIFACTS_DIR/broker_status_page.png"
+    fi
+    pass "headless chromium shows both jobs (done, running) and the 3 workers on the status page"
     ;;
 garbage)
     client garbage --count 200 >/dev/null
