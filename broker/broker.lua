@@ -208,6 +208,23 @@ local function op_submit(a)
     return {acc, skip, idx}
 end
 
+-- create_submit now job_id idem_key spec name priority n score max_attempts tenant
+--               final count chunk_key xkinds {custom_id task_bytes n}*count
+--   -> {job_id, existing(0|1), accepted, skipped, tasks}
+-- The first chunk of a job creates it (or finds it by its idempotency key) in the same call.
+local function op_create_submit(a)
+    local c = op_create(a)
+    local b = {'submit', a[2], c[1]}
+    for i = 12, #a do
+        b[#b + 1] = a[i]
+    end
+    local r = op_submit(b)
+    if r.err then
+        return r
+    end
+    return {c[1], c[2], r[1], r[2], r[3]}
+end
+
 ------------------------------------------------------------------------------------------------
 -- lease now lease_ms ngroups {job kind(g|e) count}*ngroups
 --   -> {units, counts}
@@ -321,7 +338,8 @@ local function op_lease(a)
 end
 
 ------------------------------------------------------------------------------------------------
--- complete now count {kind job task sample lease_id last payload info}*count
+-- complete now ngroups {job kind count {task sample lease_id payload info}*count}*ngroups
+--   lease_id: set on a unit's last result ('' otherwise): the lease ends with it
 --   info: gen "tokens failed(0|1)", exec "correct(0|1) speedup status"
 --   -> {duplicates, discarded, invalid, {job done exec_added generated tokens scored correct}*}
 -- Work is grouped per job: one HMGET finds records that exist already (idempotency by
@@ -336,23 +354,24 @@ local function commit_job(j, J, a, now)
     if J.tn_any == '1' then
         local ts = {}
         for k = 1, #items do
-            ts[k] = a[items[k] + 2]
+            ts[k] = a[items[k]]
         end
         tn = hmget(jk(j, 'tn'), ts)
     end
-    local fs, keep = {}, {}
+    local fs, keep, kinds = {}, {}, {}
     for k = 1, #items do
         local b = items[k]
-        local s = num(a[b + 3], -1)
+        local s = num(a[b + 1], -1)
         local n = J.n
         if tn and tn[k] then
             n = num(tn[k], J.n)
         end
-        if s >= n then
+        if s < 0 or s >= n then
             invalid = invalid + 1
         else
             keep[#keep + 1] = b
-            fs[#fs + 1] = a[b + 2] .. ':' .. a[b + 3]
+            kinds[#keep] = J.kinds[k]
+            fs[#fs + 1] = a[b] .. ':' .. a[b + 1]
         end
     end
     if #fs == 0 then
@@ -364,7 +383,6 @@ local function commit_job(j, J, a, now)
     end
     local res = J.kind_g and hmget(jk(j, 'res'), fs) or nil
     local exe = J.kind_e and hmget(jk(j, 'exec'), fs) or nil
-    local seen = {}
     local hres, hexe, groups, gorder, gerr, xerr = {}, {}, {}, {}, {}, {}
     local function add_ev(typ, d, term, f)
         local key = typ .. '\n' .. d .. '\n' .. term
@@ -376,17 +394,18 @@ local function commit_job(j, J, a, now)
         end
         g[4][#g[4] + 1] = f
     end
+    local seen_g, seen_e = {}, {}
     for k = 1, #keep do
-        local b, f = keep[k], fs[k]
-        local kind, pl, info = a[b], a[b + 6], a[b + 7]
-        local sk = kind .. f
-        if (dead and dead[k]) or seen[sk] then
+        local b, f, kind = keep[k], fs[k], kinds[k]
+        local pl, info = a[b + 3], a[b + 4]
+        local seen = kind == 'g' and seen_g or seen_e
+        if (dead and dead[k]) or seen[f] then
             dups = dups + 1 -- dead-lettered meanwhile (its record stands) or twice in the batch
         elseif kind == 'g' then
             if res[k] then
                 dups = dups + 1
             else
-                seen[sk] = true
+                seen[f] = true
                 hres[#hres + 1] = f
                 hres[#hres + 1] = pl
                 local tok, failed = string.match(info, '^(%d+) (%d)$')
@@ -410,7 +429,7 @@ local function commit_job(j, J, a, now)
             if exe[k] then
                 dups = dups + 1
             else
-                seen[sk] = true
+                seen[f] = true
                 hexe[#hexe + 1] = f
                 hexe[#hexe + 1] = pl
                 local ok, spd, st = string.match(info, '^(%d) (%S+) (%S+)$')
@@ -447,37 +466,45 @@ local function commit_job(j, J, a, now)
 end
 
 local function op_complete(a)
-    local now, cnt = a[2], num(a[3], 0)
+    local now, ng = a[2], num(a[3], 0)
     local jobs, order, z = {}, {}, {}
     local dups, discarded, invalid = 0, 0, 0
-    for i = 0, cnt - 1 do
-        local b = 4 + 8 * i
-        local kind, j, t, lid = a[b], a[b + 1], num(a[b + 2], -1), a[b + 4]
+    local i = 4
+    for _ = 1, ng do
+        local j, kind, cnt = a[i], a[i + 1], num(a[i + 2], 0)
+        i = i + 3
         local J = jobs[j]
         if not J then
             local v = redis.call('HMGET', jk(j), 'state', 'score', 'tasks', 'n', 'tn_any',
                                  'dead')
             J = {st = v[1], score = (v[2] == '1'), tasks = num(v[3], 0), n = num(v[4], 1),
                  tn_any = v[5], anydead = num(v[6], 0) > 0, gen = 0, failed = 0, term = 0,
-                 tok = 0, scored = 0, correct = 0, spd = 0, xq = {}, items = {}}
+                 tok = 0, scored = 0, correct = 0, spd = 0, xq = {}, items = {}, kinds = {}}
             jobs[j] = J
             order[#order + 1] = j
         end
-        if a[b + 5] == '1' then
-            z[#z + 1] = lid
-        end
-        if not live(J.st) then
-            discarded = discarded + 1
-        elseif t < 0 or t >= J.tasks then
-            invalid = invalid + 1
-        else
-            J.items[#J.items + 1] = b
-            if kind == 'g' then
-                J.kind_g = true
+        local is_live = live(J.st)
+        for b = i, i + 5 * (cnt - 1), 5 do
+            local t = num(a[b], -1)
+            if a[b + 2] ~= '' then
+                z[#z + 1] = a[b + 2]
+            end
+            if not is_live then
+                discarded = discarded + 1
+            elseif t < 0 or t >= J.tasks then
+                invalid = invalid + 1
             else
-                J.kind_e = true
+                local k = #J.items + 1
+                J.items[k] = b
+                J.kinds[k] = kind
+                if kind == 'g' then
+                    J.kind_g = true
+                else
+                    J.kind_e = true
+                end
             end
         end
+        i = i + 5 * cnt
     end
     if #z > 0 then
         chunked('ZREM', LEASES, z, 4000)
@@ -943,6 +970,7 @@ end
 
 local ops = {
     create = op_create,
+    create_submit = op_create_submit,
     submit = op_submit,
     lease = op_lease,
     complete = op_complete,

@@ -50,10 +50,12 @@ static bool s_valid_job_id(const char *id)
 
 /* ---- submit ---------------------------------------------------------------------------- */
 
-static int s_create(broker_t *b, Anvil__JobSpec *spec, char job_id[ANV_ID_SIZE], bool *existing)
+/* A new job's spec, completed (id, defaults) and packed into *buf; the create arguments are
+   the start of a "create_submit" call, whose submit arguments the caller adds. */
+static int s_create_args(broker_t *b, Anvil__JobSpec *spec, char job_id[ANV_ID_SIZE],
+                         uint8_t **buf, size_t *len)
 {
     anv_id_new(job_id);
-    spec->id = job_id;
     spec->has_created_ms = 1;
     spec->created_ms = (uint64_t)anv_wall_ms();
     if (!spec->has_n || spec->n == 0) {
@@ -66,43 +68,43 @@ static int s_create(broker_t *b, Anvil__JobSpec *spec, char job_id[ANV_ID_SIZE],
         spec->has_max_attempts = 1;
         spec->max_attempts = (uint32_t)b->cfg.max_attempts;
     }
-    size_t len = anvil__job_spec__get_packed_size(spec);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
+    spec->id = job_id;
+    *len = anvil__job_spec__get_packed_size(spec);
+    *buf = malloc(*len ? *len : 1);
+    if (*buf)
+        anvil__job_spec__pack(spec, *buf);
+    spec->id = NULL;
+    if (!*buf)
         return -ENOMEM;
-    anvil__job_spec__pack(spec, buf);
-    broker_args_reset(b->args, "create");
+    broker_args_reset(b->args, "create_submit");
     broker_args_int(b->args, anv_wall_ms());
     broker_args_str(b->args, job_id);
     broker_args_str(b->args, spec->idempotency_key);
-    broker_args_bin(b->args, buf, len);
+    broker_args_bin(b->args, *buf, *len);
     broker_args_str(b->args, spec->name);
     broker_args_int(b->args, spec->priority);
     broker_args_int(b->args, spec->n);
     broker_args_str(b->args, spec->score ? "1" : "0");
     broker_args_int(b->args, spec->max_attempts);
     broker_args_str(b->args, spec->tenant);
-    redisReply *r = NULL;
-    int rc = broker_store_call(b->store, b->args, &r);
-    spec->id = NULL;
-    if (rc == 0) {
-        snprintf(job_id, ANV_ID_SIZE, "%s", broker_reply_str(r, 0, NULL));
-        *existing = broker_reply_int(r, 1, 0) == 1;
-        if (!*existing && !zhashx_lookup(b->jobs, job_id)) {
-            Anvil__JobSpec *copy = anvil__job_spec__unpack(NULL, len, buf);
-            broker_job_t *j = copy ? broker_job_new(job_id, copy, spec->priority) : NULL;
-            if (j)
-                zhashx_insert(b->jobs, j->id, j);
-            else if (copy)
-                anvil__job_spec__free_unpacked(copy, NULL);
-            b->m.jobs_submitted++;
-            ANV_JINFO(job_id, "job created: name '%s', priority %d, n %u, score %d",
-                      spec->name ? spec->name : "", spec->priority, spec->n, spec->score);
-        }
-        freeReplyObject(r);
-    }
-    free(buf);
-    return rc;
+    return 0;
+}
+
+/* the job exists in Redis now: give it its in-memory record */
+static void s_created(broker_t *b, const Anvil__JobSpec *spec, const char *job_id,
+                      const uint8_t *buf, size_t len)
+{
+    if (zhashx_lookup(b->jobs, job_id))
+        return;
+    Anvil__JobSpec *copy = anvil__job_spec__unpack(NULL, len, buf);
+    broker_job_t *j = copy ? broker_job_new(job_id, copy, spec->priority) : NULL;
+    if (j)
+        zhashx_insert(b->jobs, j->id, j);
+    else if (copy)
+        anvil__job_spec__free_unpacked(copy, NULL);
+    b->m.jobs_submitted++;
+    ANV_JINFO(job_id, "job created: name '%s', priority %d, n %u, score %d",
+              spec->name ? spec->name : "", spec->priority, spec->n, spec->score);
 }
 
 static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRequest *req)
@@ -110,11 +112,17 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
     char job_id[ANV_ID_SIZE] = "";
     bool existing = false;
     int rc = 0;
-    uint8_t **bufs = NULL;
-    size_t *lens = NULL;
+    uint8_t **bufs = NULL, *spec_buf = NULL;
+    size_t *lens = NULL, spec_len = 0;
     redisReply *r = NULL;
     bool strict = b->cfg.strict;
-    if (req->spec && !(req->job_id && req->job_id[0])) {
+    /* the first chunk of a new job creates it in the same script call (one round trip) */
+    bool create = req->spec && !(req->job_id && req->job_id[0]);
+    if (req->n_tasks > 100000) {
+        rc = ANV_ETOOBIG;
+        goto out;
+    }
+    if (create) {
         strict = strict || req->spec->durability == ANVIL__DURABILITY__DURABILITY_STRICT;
         /* settings can change at runtime (CONFIG SET): look again for each strict job */
         if (strict && (broker_store_check_durability(b->store, false) != 0 ||
@@ -122,17 +130,16 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
             rc = ANV_EUNSUPPORTED;
             goto out;
         }
-        rc = s_create(b, req->spec, job_id, &existing);
+        rc = s_create_args(b, req->spec, job_id, &spec_buf, &spec_len);
         if (rc != 0)
             goto out;
     } else if (s_valid_job_id(req->job_id)) {
         snprintf(job_id, sizeof job_id, "%s", req->job_id);
+        broker_args_reset(b->args, "submit");
+        broker_args_int(b->args, anv_wall_ms());
+        broker_args_str(b->args, job_id);
     } else {
         rc = ANV_EPROTO;
-        goto out;
-    }
-    if (req->n_tasks > 100000) {
-        rc = ANV_ETOOBIG;
         goto out;
     }
     bufs = calloc(req->n_tasks + 1, sizeof *bufs);
@@ -141,9 +148,6 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
         rc = -ENOMEM;
         goto out;
     }
-    broker_args_reset(b->args, "submit");
-    broker_args_int(b->args, anv_wall_ms());
-    broker_args_str(b->args, job_id);
     broker_args_str(b->args, req->has_final && req->final ? "1" : "0");
     broker_args_int(b->args, (int64_t)req->n_tasks);
     /* A chunk whose tasks all have custom ids is idempotent by itself. Otherwise its index
@@ -196,9 +200,17 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
         broker_redis_failed(b, "submit");
     if (rc != 0)
         goto out;
+    size_t at = 0; /* create_submit replies {job, existing, accepted, skipped, tasks} */
+    if (create) {
+        snprintf(job_id, sizeof job_id, "%s", broker_reply_str(r, 0, NULL));
+        existing = broker_reply_int(r, 1, 0) == 1;
+        if (!existing)
+            s_created(b, req->spec, job_id, spec_buf, spec_len);
+        at = 2;
+    }
     if (strict && (rc = broker_store_wait_durable(b->store, 5000)) != 0)
         goto out;
-    int64_t acc = broker_reply_int(r, 0, 0), skip = broker_reply_int(r, 1, 0);
+    int64_t acc = broker_reply_int(r, at, 0), skip = broker_reply_int(r, at + 1, 0);
     broker_job_t *j = zhashx_lookup(b->jobs, job_id);
     if (j && acc > 0) {
         j->ready_fresh += acc;
@@ -216,7 +228,7 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
     sr.has_accepted = sr.has_skipped = sr.has_total_tasks = sr.has_durable = sr.has_existing = 1;
     sr.accepted = (uint64_t)acc;
     sr.skipped = (uint64_t)skip;
-    sr.total_tasks = (uint64_t)broker_reply_int(r, 2, 0);
+    sr.total_tasks = (uint64_t)broker_reply_int(r, at + 2, 0);
     sr.durable = 1;
     sr.existing = existing;
     env.body_case = ANVIL__ENVELOPE__BODY_SUBMIT_REPLY;
@@ -233,6 +245,7 @@ out:
         free(bufs[i]);
     free(bufs);
     free(lens);
+    free(spec_buf);
     if (r)
         freeReplyObject(r);
 }

@@ -16,6 +16,7 @@
 #include "anv_log.h"
 #include "anv_time.h"
 #include "broker_internal.h"
+#include "broker_wire.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -215,10 +216,88 @@ static bool s_unit_from(const redisReply *u, size_t i, s_unit_t *x)
     return x->lease[0] != 0;
 }
 
+/* the sample indices of a gen unit: "" = 0..n-1, else a csv list; returns the count or 0 */
+static uint32_t s_indices(const s_unit_t *x, uint32_t *buf, uint32_t cap, uint32_t **out)
+{
+    uint32_t n = x->n ? x->n : 1;
+    if (x->samples[0]) {
+        n = 1;
+        for (const char *p = x->samples; *p; p++)
+            n += *p == ',';
+    }
+    uint32_t *idx = n <= cap ? buf : calloc(n, sizeof *idx);
+    if (!idx)
+        return 0;
+    if (x->samples[0]) {
+        const char *p = x->samples;
+        for (uint32_t k = 0; k < n; k++) {
+            idx[k] = (uint32_t)strtoul(p, (char **)&p, 10);
+            if (*p == ',')
+                p++;
+        }
+    } else {
+        for (uint32_t k = 0; k < n; k++)
+            idx[k] = k;
+    }
+    *out = idx;
+    return n;
+}
+
+/* Gen units of tasks without their own sampling go out hand-encoded (broker_wire.h), the
+   stored task bytes copied as they are. Returns 1 when it did not apply (take the slow path),
+   else what the send returned. */
+static int s_send_gen_fast(broker_t *b, broker_worker_t *w, broker_job_t *job,
+                           const s_unit_t *x, uint32_t *n_samples)
+{
+    if (!job || !job->spec ||
+        broker_wire_has_field((const uint8_t *)x->task_b, x->task_len, 6) != 0)
+        return 1; /* sampling to merge, or a task the slow path must judge */
+    const Anvil__JobSpec *spec = job->spec;
+    const Anvil__SamplingParams *sp = spec->sampling;
+    uint32_t idx_buf[64], *idx = NULL;
+    uint32_t n = s_indices(x, idx_buf, 64, &idx);
+    if (!n)
+        return -ENOMEM;
+    broker_wire_gen_t u = {
+        .lease_id = x->lease,
+        .job_id = x->job,
+        .task = (const uint8_t *)x->task_b,
+        .task_len = x->task_len,
+        .task_index = x->task,
+        .sampling = job->sampling_pb,
+        .sampling_len = job->sampling_len,
+        .samples = idx,
+        .n_samples = n,
+        .base_seed = (sp && sp->has_seed ? sp->seed : s_fnv(x->job)) +
+                     x->task * 0x9E3779B97F4A7C15ull,
+        .lease_ms = (uint64_t)b->cfg.lease_ms,
+        .attempt = x->attempt,
+        .chat = spec->has_chat ? spec->chat : 1,
+        .has_max_weight_lag = spec->has_max_weight_lag,
+        .max_weight_lag = spec->max_weight_lag,
+    };
+    size_t len;
+    uint8_t *buf = broker_wire_gen_unit(&u, &len);
+    if (idx != idx_buf)
+        free(idx);
+    if (!buf)
+        return -ENOMEM;
+    *n_samples = n;
+    return broker_send_worker_raw(b, w, buf, len);
+}
+
 /* builds and sends one unit; returns 0, or an error after which the unit must be released */
 static int s_send_unit(broker_t *b, broker_worker_t *w, broker_job_t *job, const s_unit_t *x,
                        uint32_t *n_samples, const char **why)
 {
+    if (x->kind[0] == 'g') {
+        int fast = s_send_gen_fast(b, w, job, x, n_samples);
+        if (fast != 1) {
+            if (fast != 0)
+                *why = fast == -EAGAIN ? "worker pipe full" : "worker unreachable";
+            return fast;
+        }
+    }
     Anvil__Task *task = anvil__task__unpack(NULL, x->task_len, (const uint8_t *)x->task_b);
     if (!task) {
         *why = "stored task does not decode";
@@ -234,27 +313,11 @@ static int s_send_unit(broker_t *b, broker_worker_t *w, broker_job_t *job, const
         Anvil__GenUnit gu = ANVIL__GEN_UNIT__INIT;
         Anvil__SamplingParams sp;
         s_merge_sampling(&sp, spec ? spec->sampling : NULL, task->sampling);
-        uint32_t n = x->n ? x->n : 1;
-        if (x->samples[0]) {
-            uint32_t k = 1;
-            for (const char *p = x->samples; *p; p++)
-                k += *p == ',';
-            n = k;
-        }
-        if (n > 64 && !(idx = calloc(n, sizeof *idx))) {
+        uint32_t n = s_indices(x, idx_buf, 64, &idx);
+        if (!n) {
+            idx = idx_buf;
             rc = -ENOMEM;
             goto out;
-        }
-        if (x->samples[0]) {
-            const char *p = x->samples;
-            for (uint32_t k = 0; k < n; k++) {
-                idx[k] = (uint32_t)strtoul(p, (char **)&p, 10);
-                if (*p == ',')
-                    p++;
-            }
-        } else {
-            for (uint32_t k = 0; k < n; k++)
-                idx[k] = k;
         }
         task->has_index = 1;
         task->index = x->task;
@@ -654,6 +717,70 @@ void broker_on_unit_failed(broker_t *b, broker_worker_t *w, Anvil__UnitFailed *r
     broker_release(b, ids, 1, true, !retryable, r->error ? r->error : "unit failed");
 }
 
+/* The arguments of one "complete" call for pending[from .. from+k): results grouped by (job,
+   kind), in arrival order within a group. Returns false when memory ran out. */
+static bool s_complete_args(broker_t *b, size_t from, size_t k)
+{
+    size_t *next = malloc(k * sizeof *next), *head = malloc(k * sizeof *head);
+    size_t *tail = malloc(k * sizeof *tail), *count = malloc(k * sizeof *count);
+    zhashx_t *by = zhashx_new();
+    size_t ng = 0, last = SIZE_MAX;
+    bool ok = next && head && tail && count && by;
+    for (size_t i = 0; ok && i < k; i++) {
+        const broker_pending_t *p = &b->pending[from + i];
+        char key[ANV_ID_SIZE + 2];
+        key[0] = p->kind;
+        memcpy(key + 1, p->job_id, ANV_ID_SIZE);
+        size_t g;
+        if (last != SIZE_MAX && b->pending[from + head[last]].kind == p->kind &&
+            !strcmp(b->pending[from + head[last]].job_id, p->job_id)) {
+            g = last; /* results come in runs of one job */
+        } else {
+            uintptr_t v = (uintptr_t)zhashx_lookup(by, key);
+            if (v) {
+                g = v - 1;
+            } else {
+                g = ng++;
+                head[g] = i;
+                tail[g] = SIZE_MAX;
+                count[g] = 0;
+                zhashx_insert(by, key, (void *)(uintptr_t)(g + 1));
+            }
+        }
+        next[i] = SIZE_MAX;
+        if (tail[g] != SIZE_MAX)
+            next[tail[g]] = i;
+        tail[g] = i;
+        count[g]++;
+        last = g;
+    }
+    if (ok) {
+        broker_args_reset(b->args, "complete");
+        broker_args_int(b->args, anv_wall_ms());
+        broker_args_int(b->args, (int64_t)ng);
+        for (size_t g = 0; g < ng; g++) {
+            const broker_pending_t *h = &b->pending[from + head[g]];
+            broker_args_str(b->args, h->job_id);
+            broker_args_str(b->args, h->kind == 'g' ? "g" : "e");
+            broker_args_int(b->args, (int64_t)count[g]);
+            for (size_t i = head[g]; i != SIZE_MAX; i = next[i]) {
+                const broker_pending_t *p = &b->pending[from + i];
+                broker_args_int(b->args, (int64_t)p->task);
+                broker_args_int(b->args, p->sample);
+                broker_args_str(b->args, p->last ? p->lease_id : "");
+                broker_args_bin(b->args, p->payload, p->len);
+                broker_args_str(b->args, p->info);
+            }
+        }
+    }
+    zhashx_destroy(&by);
+    free(next);
+    free(head);
+    free(tail);
+    free(count);
+    return ok && broker_args_ok(b->args);
+}
+
 int broker_commit(broker_t *b)
 {
     if (!b->n_pending)
@@ -666,22 +793,8 @@ int broker_commit(broker_t *b)
         size_t k = b->n_pending - done;
         if (k > (size_t)b->cfg.batch)
             k = (size_t)b->cfg.batch;
-        broker_args_reset(b->args, "complete");
-        broker_args_int(b->args, anv_wall_ms());
-        broker_args_int(b->args, (int64_t)k);
-        for (size_t i = done; i < done + k; i++) {
-            broker_pending_t *p = &b->pending[i];
-            broker_args_str(b->args, p->kind == 'g' ? "g" : "e");
-            broker_args_str(b->args, p->job_id);
-            broker_args_int(b->args, (int64_t)p->task);
-            broker_args_int(b->args, p->sample);
-            broker_args_str(b->args, p->lease_id);
-            broker_args_str(b->args, p->last ? "1" : "0");
-            broker_args_bin(b->args, p->payload, p->len);
-            broker_args_str(b->args, p->info);
-        }
         redisReply *r = NULL;
-        rc = broker_store_call(b->store, b->args, &r);
+        rc = s_complete_args(b, done, k) ? broker_store_call(b->store, b->args, &r) : -ENOMEM;
         if (rc != 0) {
             b->m.commit_retries++;
             broker_redis_failed(b, "commit");

@@ -35,6 +35,8 @@ typedef struct broker_job_t {
     uint32_t max_tokens;      /* per sample, for load estimates */
     int64_t created_ms;
     uint32_t xkinds;          /* task kinds in the job (1 << Anvil__TaskKind): exec matching */
+    uint8_t *sampling_pb;     /* spec->sampling packed (len 0 when none), for broker_wire */
+    size_t sampling_len;
     bool blocked;             /* no fitting worker has credit left (this dispatch round) */
 } broker_job_t;
 
@@ -190,6 +192,9 @@ void broker_lease_forget(broker_t *b, broker_lease_t *l);
 void broker_worker_release_all(broker_t *b, broker_worker_t *w, bool penalty, const char *why);
 void broker_worker_remove(broker_t *b, broker_worker_t *w);
 int broker_send_worker(broker_t *b, broker_worker_t *w, Anvil__Envelope *env);
+/* Sends an already packed envelope (takes ownership of buf, freed in any case). Same returns
+   and counters as broker_send_worker. */
+int broker_send_worker_raw(broker_t *b, broker_worker_t *w, uint8_t *buf, size_t len);
 
 /* broker_dispatch.c */
 void broker_dispatch(broker_t *b);

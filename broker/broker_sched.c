@@ -28,6 +28,15 @@ broker_job_t *broker_job_new(const char *id, Anvil__JobSpec *spec, int priority)
     if (spec && spec->sampling && spec->sampling->has_max_tokens && spec->sampling->max_tokens)
         j->max_tokens = spec->sampling->max_tokens;
     j->created_ms = anv_id_time_ms(id);
+    j->sampling_len = spec && spec->sampling ? anvil__sampling_params__get_packed_size(spec->sampling)
+                                             : 0;
+    j->sampling_pb = malloc(j->sampling_len ? j->sampling_len : 1);
+    if (!j->sampling_pb) {
+        free(j);
+        return NULL;
+    }
+    if (j->sampling_len)
+        anvil__sampling_params__pack(spec->sampling, j->sampling_pb);
     return j;
 }
 
@@ -37,6 +46,7 @@ void broker_job_destroy(broker_job_t **self_p)
         return;
     if ((*self_p)->spec)
         anvil__job_spec__free_unpacked((*self_p)->spec, NULL);
+    free((*self_p)->sampling_pb);
     free(*self_p);
     *self_p = NULL;
 }

@@ -191,6 +191,48 @@ int broker_send_worker(broker_t *b, broker_worker_t *w, Anvil__Envelope *env)
     return rc;
 }
 
+static void s_free_buf(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+int broker_send_worker_raw(broker_t *b, broker_worker_t *w, uint8_t *buf, size_t len)
+{
+    /* as anv_msg_send: identity frame, then the message, both non-blocking (ROUTER_MANDATORY
+       makes an unroutable or full peer an error on the identity frame) */
+    void *zs = zsock_resolve(b->workers_sock);
+    int rc = 0;
+    if (zmq_send(zs, zframe_data(w->identity), zframe_size(w->identity),
+                 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        rc = -errno;
+    if (rc == 0) {
+        zmq_msg_t msg;
+        zmq_msg_init_data(&msg, buf, len, s_free_buf, NULL);
+        buf = NULL;
+        if (zmq_msg_send(&msg, zs, ZMQ_DONTWAIT) < 0) {
+            rc = -errno;
+            zmq_msg_close(&msg);
+        }
+    }
+    free(buf);
+    anv_msg_stats_t *st = &b->st_workers;
+    if (rc == 0)
+        st->sent++;
+    else if (rc == -EAGAIN)
+        st->send_again++;
+    else if (rc == -EHOSTUNREACH)
+        st->send_unroutable++;
+    else
+        st->send_failed++;
+    if (rc == -EHOSTUNREACH) {
+        if (w->last_seen_ms != INT64_MIN)
+            ANV_WARN("worker '%s' is unreachable", w->id);
+        w->last_seen_ms = INT64_MIN;
+    }
+    return rc;
+}
+
 static void s_send_disconnect(broker_t *b, zframe_t *identity, const char *reason)
 {
     Anvil__Envelope env;

@@ -7,6 +7,7 @@
     burst after idleness, blocked and finished jobs skipped.
 */
 #include "broker_internal.h"
+#include "broker_wire.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -248,6 +249,164 @@ static void test_worker_fits(void **state)
     assert_null(broker_kind_capability(99));
 }
 
+/* a task and sampling like a client's, packed as the broker stores them */
+static uint8_t *s_pack_task(size_t *len, bool with_sampling)
+{
+    Anvil__Task t = ANVIL__TASK__INIT;
+    Anvil__TaskRef ref = ANVIL__TASK_REF__INIT;
+    Anvil__SamplingParams sp = ANVIL__SAMPLING_PARAMS__INIT;
+    t.custom_id = "cid-7";
+    t.prompt = "write a kernel\nthat adds";
+    t.has_n = 1;
+    t.n = 6;
+    ref.has_kind = 1;
+    ref.kind = ANVIL__TASK_KIND__TASK_KIND_KERNELBENCH;
+    ref.name = "level1/19_ReLU.py";
+    t.ref = &ref;
+    if (with_sampling) {
+        sp.has_temperature = 1;
+        sp.temperature = 0.25f;
+        t.sampling = &sp;
+    }
+    *len = anvil__task__get_packed_size(&t);
+    uint8_t *b = malloc(*len);
+    anvil__task__pack(&t, b);
+    return b;
+}
+
+static void test_wire_gen_unit_matches_protobuf_c(void **state)
+{
+    (void)state;
+    size_t tl, sl;
+    uint8_t *tb = s_pack_task(&tl, false);
+    Anvil__SamplingParams sp = ANVIL__SAMPLING_PARAMS__INIT;
+    char *stop[] = {"</s>", "```"};
+    sp.has_temperature = sp.has_max_tokens = sp.has_top_p = 1;
+    sp.temperature = 0.7f;
+    sp.max_tokens = 4096;
+    sp.top_p = 0.95f;
+    sp.n_stop = 2;
+    sp.stop = stop;
+    sl = anvil__sampling_params__get_packed_size(&sp);
+    uint8_t *sb = malloc(sl);
+    anvil__sampling_params__pack(&sp, sb);
+    uint32_t idx[] = {0, 2, 5, 300};
+    broker_wire_gen_t u = {
+        .lease_id = "g.01ARZ3NDEKTSV4RRFFQ69G5FAV.123456.2.700001",
+        .job_id = "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        .task = tb, .task_len = tl, .task_index = 123456,
+        .sampling = sb, .sampling_len = sl,
+        .samples = idx, .n_samples = 4,
+        .base_seed = 0xFFFFFFFFFFFFFFF1ull, .lease_ms = 30000, .attempt = 2, .chat = true,
+        .has_max_weight_lag = true, .max_weight_lag = 3,
+    };
+    size_t len;
+    uint8_t *fast = broker_wire_gen_unit(&u, &len);
+    assert_non_null(fast);
+    int err = 0;
+    Anvil__Envelope *env = anv_msg_decode(fast, len, 0, &err);
+    assert_non_null(env);
+    assert_int_equal(env->version, ANVIL_PROTOCOL_VERSION);
+    assert_int_equal(env->body_case, ANVIL__ENVELOPE__BODY_GEN_UNIT);
+    Anvil__GenUnit *g = env->gen_unit;
+    assert_string_equal(g->lease_id, u.lease_id);
+    assert_string_equal(g->job_id, u.job_id);
+    assert_true(g->task->has_index);
+    assert_int_equal(g->task->index, 123456);
+    assert_string_equal(g->task->prompt, "write a kernel\nthat adds");
+    assert_string_equal(g->task->custom_id, "cid-7");
+    assert_string_equal(g->task->ref->name, "level1/19_ReLU.py");
+    assert_int_equal(g->task->n, 6);
+    assert_int_equal(g->sampling->max_tokens, 4096);
+    assert_true(g->sampling->temperature == 0.7f);
+    assert_string_equal(g->sampling->stop[1], "```");
+    assert_int_equal(g->n_sample_indices, 4);
+    assert_int_equal(g->sample_indices[3], 300);
+    assert_true(g->base_seed == 0xFFFFFFFFFFFFFFF1ull);
+    assert_int_equal(g->attempt, 2);
+    assert_int_equal(g->lease_ms, 30000);
+    assert_true(g->has_chat && g->chat);
+    assert_true(g->has_max_weight_lag && g->max_weight_lag == 3);
+    /* the same unit built with protobuf-c (the slow path) packs to the same bytes */
+    Anvil__Task *t = anvil__task__unpack(NULL, tl, tb);
+    t->has_index = 1;
+    t->index = 123456;
+    Anvil__GenUnit ref = ANVIL__GEN_UNIT__INIT;
+    ref.lease_id = (char *)u.lease_id;
+    ref.job_id = (char *)u.job_id;
+    ref.task = t;
+    ref.sampling = &sp;
+    ref.n_sample_indices = 4;
+    ref.sample_indices = idx;
+    ref.has_base_seed = ref.has_attempt = ref.has_lease_ms = ref.has_chat = 1;
+    ref.has_max_weight_lag = 1;
+    ref.base_seed = u.base_seed;
+    ref.attempt = 2;
+    ref.lease_ms = 30000;
+    ref.chat = 1;
+    ref.max_weight_lag = 3;
+    Anvil__Envelope re;
+    anv_msg_init(&re);
+    re.version = ANVIL_PROTOCOL_VERSION;
+    re.body_case = ANVIL__ENVELOPE__BODY_GEN_UNIT;
+    re.gen_unit = &ref;
+    size_t rl;
+    uint8_t *slow = anv_msg_encode(&re, &rl);
+    size_t rl2 = anvil__envelope__get_packed_size(env);
+    uint8_t *again = malloc(rl2);
+    anvil__envelope__pack(env, again);
+    assert_int_equal(rl, rl2);
+    assert_memory_equal(slow, again, rl);
+    free(again);
+    free(slow);
+    anvil__task__free_unpacked(t, NULL);
+    anv_msg_free(&env);
+    free(fast);
+    /* no sampling and no samples listed: still a valid unit */
+    u.sampling = (const uint8_t *)"";
+    u.sampling_len = 0;
+    u.n_samples = 0;
+    u.has_max_weight_lag = false;
+    u.chat = false;
+    fast = broker_wire_gen_unit(&u, &len);
+    env = anv_msg_decode(fast, len, 0, &err);
+    assert_non_null(env);
+    assert_non_null(env->gen_unit->sampling);
+    assert_false(env->gen_unit->sampling->has_temperature);
+    assert_int_equal(env->gen_unit->n_sample_indices, 0);
+    assert_false(env->gen_unit->chat);
+    assert_false(env->gen_unit->has_max_weight_lag);
+    anv_msg_free(&env);
+    free(fast);
+    free(tb);
+    free(sb);
+}
+
+static void test_wire_has_field(void **state)
+{
+    (void)state;
+    size_t l1, l2;
+    uint8_t *plain = s_pack_task(&l1, false), *with = s_pack_task(&l2, true);
+    assert_int_equal(broker_wire_has_field(plain, l1, 6), 0);
+    assert_int_equal(broker_wire_has_field(with, l2, 6), 1);
+    assert_int_equal(broker_wire_has_field(plain, l1, 3), 1); /* prompt */
+    assert_int_equal(broker_wire_has_field(plain, 0, 6), 0);
+    /* damaged: cut anywhere inside the last field, lengths past the end, bad wire types */
+    assert_int_equal(broker_wire_has_field(with, l2 - 1, 6), -1);
+    const uint8_t past[] = {0x1a, 0x05, 'a', 'b'};            /* field 3, len 5, 2 bytes */
+    const uint8_t zero[] = {0x00, 0x01};                      /* field number 0 */
+    const uint8_t group[] = {0x1b, 0x1c};                     /* start/end group */
+    const uint8_t longv[] = {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+    const uint8_t i64[] = {0x09, 1, 2, 3};                    /* fixed64 cut short */
+    assert_int_equal(broker_wire_has_field(past, sizeof past, 6), -1);
+    assert_int_equal(broker_wire_has_field(zero, sizeof zero, 6), -1);
+    assert_int_equal(broker_wire_has_field(group, sizeof group, 6), -1);
+    assert_int_equal(broker_wire_has_field(longv, sizeof longv, 6), -1);
+    assert_int_equal(broker_wire_has_field(i64, sizeof i64, 6), -1);
+    free(plain);
+    free(with);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -259,6 +418,8 @@ int main(void)
         cmocka_unit_test(test_lease_parse),
         cmocka_unit_test(test_hist_quantiles),
         cmocka_unit_test(test_worker_fits),
+        cmocka_unit_test(test_wire_gen_unit_matches_protobuf_c),
+        cmocka_unit_test(test_wire_has_field),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
