@@ -447,17 +447,10 @@ local function commit_job(j, J, a, now)
             end
         end
     end
-    if #hres > 0 then
-        chunked('HSET', jk(j, 'res'), hres, 4000)
-    end
-    if #hexe > 0 then
-        chunked('HSET', jk(j, 'exec'), hexe, 4000)
-    end
-    if #gerr > 0 then
-        chunked('HSET', jk(j, 'gerr'), gerr, 4000)
-    end
-    if #xerr > 0 then
-        chunked('HSET', jk(j, 'xerr'), xerr, 4000)
+    for _, h in ipairs({{'res', hres}, {'exec', hexe}, {'gerr', gerr}, {'xerr', xerr}}) do
+        if #h[2] > 0 then
+            chunked('HSET', jk(j, h[1]), h[2], 4000)
+        end
     end
     for _, g in ipairs(gorder) do
         ev_list(j, g[1], g[4], g[2], g[3])

@@ -179,18 +179,6 @@ void broker_worker_remove(broker_t *b, broker_worker_t *w)
     zhashx_delete(b->by_ident, w->ident_key); /* destroys w */
 }
 
-int broker_send_worker(broker_t *b, broker_worker_t *w, Anvil__Envelope *env)
-{
-    int rc = anv_msg_send(b->workers_sock, w->identity, env, &b->st_workers);
-    if (rc == -EHOSTUNREACH) {
-        /* its connection is gone: reap it on the next tick, re-dispatching its units */
-        if (w->last_seen_ms != INT64_MIN)
-            ANV_WARN("worker '%s' is unreachable", w->id);
-        w->last_seen_ms = INT64_MIN;
-    }
-    return rc;
-}
-
 static void s_free_buf(void *data, void *hint)
 {
     (void)hint;
@@ -226,11 +214,24 @@ int broker_send_worker_raw(broker_t *b, broker_worker_t *w, uint8_t *buf, size_t
     else
         st->send_failed++;
     if (rc == -EHOSTUNREACH) {
+        /* its connection is gone: reap it on the next tick, re-dispatching its units */
         if (w->last_seen_ms != INT64_MIN)
             ANV_WARN("worker '%s' is unreachable", w->id);
         w->last_seen_ms = INT64_MIN;
     }
     return rc;
+}
+
+int broker_send_worker(broker_t *b, broker_worker_t *w, Anvil__Envelope *env)
+{
+    env->version = ANVIL_PROTOCOL_VERSION;
+    size_t len;
+    uint8_t *buf = anv_msg_encode(env, &len);
+    if (!buf) {
+        b->st_workers.send_failed++;
+        return -ENOMEM;
+    }
+    return broker_send_worker_raw(b, w, buf, len);
 }
 
 static void s_send_disconnect(broker_t *b, zframe_t *identity, const char *reason)
