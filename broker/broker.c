@@ -12,6 +12,7 @@
 #include "anv_error.h"
 #include "anv_log.h"
 #include "anv_time.h"
+#include "broker_http.h"
 #include "broker_internal.h"
 
 #include <errno.h>
@@ -19,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+static void s_observe(broker_t *b, int64_t now_ms);
 
 static zsock_t *s_router(const char *endpoint, const char *what)
 {
@@ -55,6 +58,7 @@ broker_t *broker_new(const broker_config_t *cfg)
     if (!b)
         return NULL;
     b->cfg = *cfg;
+    b->cfg.metrics_endpoint = NULL; /* only needed in broker_new */
     b->client_endpoint = strdup(cfg->client_endpoint);
     b->worker_endpoint = strdup(cfg->worker_endpoint);
     b->redis_url = strdup(cfg->redis_url);
@@ -98,6 +102,12 @@ broker_t *broker_new(const broker_config_t *cfg)
     b->clients = s_router(cfg->client_endpoint, "client");
     if (!b->workers_sock || !b->clients)
         goto fail;
+    if (cfg->metrics_endpoint && cfg->metrics_endpoint[0]) {
+        b->http = broker_http_new(cfg->metrics_endpoint);
+        if (!b->http)
+            goto fail;
+        s_observe(b, anv_now_ms());
+    }
     const char *argv[] = {"HSET", "anv:broker:info", "started_ms", "", "pid", ""};
     char ts[24], pid[16];
     snprintf(ts, sizeof ts, "%" PRId64, b->started_ms);
@@ -128,6 +138,7 @@ void broker_destroy(broker_t **self_p)
     zhashx_destroy(&b->weights.waiting);
     broker_args_destroy(&b->args);
     broker_store_destroy(&b->store);
+    broker_http_destroy(&b->http); /* stops its thread before the state goes */
     zsock_destroy(&b->clients);
     zsock_destroy(&b->workers_sock);
     free(b->client_endpoint);
@@ -148,9 +159,11 @@ static void s_expire(broker_t *b)
             broker_redis_failed(b, "expire");
             return;
         }
-        size_t n = r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
+        const redisReply *ids = r->type == REDIS_REPLY_ARRAY && r->elements == 3 ? r->element[0]
+                                                                                  : NULL;
+        size_t n = ids && ids->type == REDIS_REPLY_ARRAY ? ids->elements : 0;
         for (size_t i = 0; i < n; i++) {
-            const char *id = r->element[i]->str;
+            const char *id = broker_reply_str(ids, i, NULL);
             char kind, job[ANV_ID_SIZE];
             uint64_t t;
             uint32_t s, a;
@@ -168,10 +181,24 @@ static void s_expire(broker_t *b)
         b->m.leases_expired += n;
         if (n)
             ANV_WARN("%zu leases expired and were re-queued", n);
+        broker_on_released(b, r, 1);
         freeReplyObject(r);
         if (n < 1000)
             break;
     }
+}
+
+/* rates, and a new snapshot for the HTTP endpoint */
+static void s_observe(broker_t *b, int64_t now_ms)
+{
+    broker_observe_tick(b, now_ms);
+    if (!b->http)
+        return;
+    b->m.http_requests = broker_http_requests(b->http);
+    size_t ml = 0, sl = 0;
+    char *m = broker_observe_metrics(b, &ml);
+    char *s = broker_observe_status(b, &sl);
+    broker_http_publish(b->http, m, ml, s, sl);
 }
 
 static void s_publish_metrics(broker_t *b)
@@ -217,6 +244,7 @@ static void s_publish_metrics(broker_t *b)
         {"client_send_unroutable", c->send_unroutable}, {"client_send_failed", c->send_failed},
         {"workers", zhashx_size(b->by_ident)}, {"leases_held", zhashx_size(b->leases)},
         {"jobs_in_memory", zhashx_size(b->jobs)}, {"results_queued", b->n_pending},
+        {"watches_parked", zlistx_size(b->watches)},
         {"unit_rtt_p50_us", (uint64_t)broker_hist_quantile(&m->unit_rtt, 0.50)},
         {"unit_rtt_p99_us", (uint64_t)broker_hist_quantile(&m->unit_rtt, 0.99)},
     };
@@ -242,6 +270,7 @@ static void s_tick(broker_t *b, int64_t now_ms)
     broker_clients_tick(b, now_ms);
     broker_sched_gc(b);
     s_publish_metrics(b);
+    s_observe(b, now_ms);
 }
 
 static void s_drain(broker_t *b, zsock_t *sock, bool workers, int max)

@@ -5,7 +5,8 @@
     single event loop: it reads worker and client messages in batches, commits each batch of
     results with one script call, leases ready units up to the credit workers advertised (one
     script call per dispatch round), sends them, and once per heartbeat interval sends
-    heartbeats, detects dead workers, renews leases, expires stale ones and publishes counters.
+    heartbeats, detects dead workers, renews leases, expires stale ones and publishes counters
+    (to Redis, and to the HTTP endpoint's snapshot when --metrics-endpoint is set).
     One thread owns the object. See broker/README.md for the protocol and the Redis keys.
 */
 #ifndef BROKER_H
@@ -28,6 +29,8 @@ typedef struct {
     bool strict;                  /* --durability strict */
     int64_t batch;                /* most units leased / results committed per script call */
     int64_t max_msg;              /* largest accepted message in bytes */
+    const char *metrics_endpoint; /* HOST:PORT of the HTTP endpoint (metrics, status); NULL or
+                                     "" = none */
 } broker_config_t;
 
 /* Returns NULL (logged) when a socket cannot be bound, Redis refuses strict durability, or

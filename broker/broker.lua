@@ -32,6 +32,12 @@ local function ev(j, typ, t, s, detail, term)
                       'term', term)
 end
 
+-- one event for a list of samples ("t:s" strings): field `ts` holds them comma-separated
+local function ev_list(j, typ, list, detail, term)
+    return redis.call('XADD', jk(j, 'events'), '*', 'type', typ, 'ts', table.concat(list, ','),
+                      'd', detail, 'term', term)
+end
+
 local function live(state)
     return state == 'queued' or state == 'running'
 end
@@ -45,6 +51,25 @@ local function chunked(cmd, key, args, step)
         redis.call(cmd, key, unpack(args, i, last))
         i = last + 1
     end
+end
+
+-- HMGET of any number of fields (unpack() has a limit): the values, in order, false if absent
+local function hmget(key, fields)
+    local n = #fields
+    if n <= 4000 then
+        return redis.call('HMGET', key, unpack(fields))
+    end
+    local out = {}
+    local i = 1
+    while i <= n do
+        local last = math.min(i + 3999, n)
+        local part = redis.call('HMGET', key, unpack(fields, i, last))
+        for k = 1, #part do
+            out[i + k - 1] = part[k]
+        end
+        i = last + 1
+    end
+    return out
 end
 
 local function check_done(j, now)
@@ -106,8 +131,10 @@ local function op_create(a)
     return {j, 0}
 end
 
--- submit now job final count chunk_key {custom_id task_bytes n}*count
+-- submit now job final count chunk_key xkinds {custom_id task_bytes n}*count
 --   -> {accepted, skipped, tasks}
+-- xkinds: bit mask of the task kinds in the chunk (1 << TaskKind), or-ed into the job's
+-- `xkinds`: exec units go only to workers that can score every kind the job has.
 -- A chunk key ('' = none) makes a retried chunk (lost reply) answer as before, adding nothing.
 local function op_submit(a)
     local now, j, final, cnt, ck = a[2], a[3], a[4], num(a[5], 0), a[6]
@@ -119,10 +146,11 @@ local function op_submit(a)
             return {num(acc, 0), num(skip, 0), num(tasks, 0)}
         end
     end
-    local v = redis.call('HMGET', jh, 'state', 'tasks', 'samples_total', 'n', 'final')
+    local v = redis.call('HMGET', jh, 'state', 'tasks', 'samples_total', 'n', 'final', 'xkinds')
     if not v[1] then
         return redis.error_reply('ENOTFOUND no such job')
     end
+    local xk = bit.bor(num(v[6], 0), num(a[7], 0))
     local state = v[1]
     if state == 'cancelled' or state == 'failed' then
         return redis.error_reply('ESTATE job is ' .. state)
@@ -130,7 +158,7 @@ local function op_submit(a)
     -- a job that is final takes no new tasks; re-submitting ones it has is fine (skipped)
     if v[5] == '1' then
         for i = 0, cnt - 1 do
-            local cid = a[7 + 3 * i]
+            local cid = a[8 + 3 * i]
             if cid == '' or redis.call('HEXISTS', jk(j, 'cid'), cid) == 0 then
                 return redis.error_reply('ESTATE job is final and takes no new tasks')
             end
@@ -141,7 +169,7 @@ local function op_submit(a)
     local acc, skip = 0, 0
     local hs, tn = {}, {}
     for i = 0, cnt - 1 do
-        local cid, body, tnv = a[7 + 3 * i], a[8 + 3 * i], num(a[9 + 3 * i], 0)
+        local cid, body, tnv = a[8 + 3 * i], a[9 + 3 * i], num(a[10 + 3 * i], 0)
         if cid ~= '' and redis.call('HSETNX', jk(j, 'cid'), cid, idx) == 0 then
             skip = skip + 1
         else
@@ -166,7 +194,7 @@ local function op_submit(a)
     if state == 'submitting' then
         state = 'queued'
     end
-    redis.call('HSET', jh, 'tasks', idx, 'samples_total', tot, 'state', state)
+    redis.call('HSET', jh, 'tasks', idx, 'samples_total', tot, 'state', state, 'xkinds', xk)
     if final == '1' then
         redis.call('HSET', jh, 'final', 1)
     end
@@ -180,6 +208,23 @@ local function op_submit(a)
     return {acc, skip, idx}
 end
 
+-- create_submit now job_id idem_key spec name priority n score max_attempts tenant
+--               final count chunk_key xkinds {custom_id task_bytes n}*count
+--   -> {job_id, existing(0|1), accepted, skipped, tasks}
+-- The first chunk of a job creates it (or finds it by its idempotency key) in the same call.
+local function op_create_submit(a)
+    local c = op_create(a)
+    local b = {'submit', a[2], c[1]}
+    for i = 12, #a do
+        b[#b + 1] = a[i]
+    end
+    local r = op_submit(b)
+    if r.err then
+        return r
+    end
+    return {c[1], c[2], r[1], r[2], r[3]}
+end
+
 ------------------------------------------------------------------------------------------------
 -- lease now lease_ms ngroups {job kind(g|e) count}*ngroups
 --   -> {units, counts}
@@ -188,6 +233,7 @@ end
 --   counts: 5 per group: job state retry_len fresh_left exec_len
 local function op_lease(a)
     local now, exp = num(a[2], 0), num(a[2], 0) + num(a[3], 0)
+    local exps = tostring(exp)
     local ng = num(a[4], 0)
     local units, counts, z = {}, {}, {}
     local seq = redis.call('INCRBY', P .. 'lease_seq', 1) * 100000
@@ -199,7 +245,7 @@ local function op_lease(a)
         else
             lid = 'e.' .. j .. '.' .. t .. '.' .. s .. '.' .. att .. '.' .. seq
         end
-        z[#z + 1] = exp
+        z[#z + 1] = exps
         z[#z + 1] = lid
         local u = #units
         units[u + 1], units[u + 2], units[u + 3], units[u + 4] = kind, j, lid, t
@@ -241,10 +287,10 @@ local function op_lease(a)
                 for i = 1, k do
                     fields[i] = cur + i - 1
                 end
-                local bodies = redis.call('HMGET', jk(j, 'tasks'), unpack(fields))
+                local bodies = hmget(jk(j, 'tasks'), fields)
                 local ns = nil
                 if v[5] == '1' then
-                    ns = redis.call('HMGET', jk(j, 'tn'), unpack(fields))
+                    ns = hmget(jk(j, 'tn'), fields)
                 end
                 for i = 1, k do
                     local n = jn
@@ -292,59 +338,100 @@ local function op_lease(a)
 end
 
 ------------------------------------------------------------------------------------------------
--- complete now count {kind job task sample lease_id last payload info}*count
---   info: gen "tokens failed(0|1)", exec "correct(0|1) speedup"
---   -> {duplicates, discarded, invalid, {job done exec_added}*}
-local function op_complete(a)
-    local now, cnt = a[2], num(a[3], 0)
-    local jobs, order, z = {}, {}, {}
-    local dups, discarded, invalid = 0, 0, 0
-    for i = 0, cnt - 1 do
-        local b = 4 + 8 * i
-        local kind, j, t, s, lid, last, pl, info = a[b], a[b + 1], a[b + 2], a[b + 3], a[b + 4],
-            a[b + 5], a[b + 6], a[b + 7]
-        local J = jobs[j]
-        if not J then
-            local v = redis.call('HMGET', jk(j), 'state', 'score', 'tasks', 'n', 'tn_any',
-                                 'dead')
-            J = {st = v[1], score = (v[2] == '1'), tasks = num(v[3], 0), n = num(v[4], 1),
-                 tn_any = v[5], anydead = num(v[6], 0) > 0, gen = 0, failed = 0, term = 0, tok = 0, scored = 0,
-                 correct = 0, spd = 0, xq = {}}
-            jobs[j] = J
-            order[#order + 1] = j
+-- complete now ngroups {job kind count {task sample lease_id payload info}*count}*ngroups
+--   lease_id: set on a unit's last result ('' otherwise): the lease ends with it
+--   info: gen "tokens failed(0|1)", exec "correct(0|1) speedup status"
+--   -> {duplicates, discarded, invalid, {job done exec_added generated tokens scored correct}*}
+-- Work is grouped per job: one HMGET finds records that exist already (idempotency by
+-- (job, task, sample), also within the batch), one HSET writes the new ones, and one event per
+-- (type, detail, term) group lists its samples, so the per-sample cost is table work in Lua
+-- and a hash insert, not a command each.
+local function commit_job(j, J, a, now)
+    local dups, invalid = 0, 0
+    local items = J.items
+    -- samples per task, for the range check of tasks that override n
+    local tn = nil
+    if J.tn_any == '1' then
+        local ts = {}
+        for k = 1, #items do
+            ts[k] = a[items[k]]
         end
-        if last == '1' then
-            z[#z + 1] = lid
+        tn = hmget(jk(j, 'tn'), ts)
+    end
+    local fs, keep, kinds = {}, {}, {}
+    for k = 1, #items do
+        local b = items[k]
+        local s = num(a[b + 1], -1)
+        local n = J.n
+        if tn and tn[k] then
+            n = num(tn[k], J.n)
         end
-        local f = t .. ':' .. s
-        if not live(J.st) then
-            discarded = discarded + 1
-        elseif num(t, -1) < 0 or num(t, -1) >= J.tasks or num(s, -1) < 0 or
-            num(s, -1) >= samples_of(j, t, J.n, J.tn_any) then
+        if s < 0 or s >= n then
             invalid = invalid + 1
-        elseif J.anydead and redis.call('HEXISTS', jk(j, 'dead'), f) == 1 then
-            dups = dups + 1 -- dead-lettered meanwhile: its record stands
+        else
+            keep[#keep + 1] = b
+            kinds[#keep] = J.kinds[k]
+            fs[#fs + 1] = a[b] .. ':' .. a[b + 1]
+        end
+    end
+    if #fs == 0 then
+        return dups, invalid
+    end
+    local dead = nil
+    if J.anydead then
+        dead = hmget(jk(j, 'dead'), fs)
+    end
+    local res = J.kind_g and hmget(jk(j, 'res'), fs) or nil
+    local exe = J.kind_e and hmget(jk(j, 'exec'), fs) or nil
+    local hres, hexe, groups, gorder, gerr, xerr = {}, {}, {}, {}, {}, {}
+    local function add_ev(typ, d, term, f)
+        local key = typ .. '\n' .. d .. '\n' .. term
+        local g = groups[key]
+        if not g then
+            g = {typ, d, term, {}}
+            groups[key] = g
+            gorder[#gorder + 1] = g
+        end
+        g[4][#g[4] + 1] = f
+    end
+    local seen_g, seen_e = {}, {}
+    for k = 1, #keep do
+        local b, f, kind = keep[k], fs[k], kinds[k]
+        local pl, info = a[b + 3], a[b + 4]
+        local seen = kind == 'g' and seen_g or seen_e
+        if (dead and dead[k]) or seen[f] then
+            dups = dups + 1 -- dead-lettered meanwhile (its record stands) or twice in the batch
         elseif kind == 'g' then
-            if redis.call('HSETNX', jk(j, 'res'), f, pl) == 1 then
+            if res[k] then
+                dups = dups + 1
+            else
+                seen[f] = true
+                hres[#hres + 1] = f
+                hres[#hres + 1] = pl
                 local tok, failed = string.match(info, '^(%d+) (%d)$')
                 J.gen = J.gen + 1
                 J.tok = J.tok + num(tok, 0)
                 if failed == '1' then
                     J.failed = J.failed + 1
                     J.term = J.term + 1
-                    ev(j, 'sample', t, s, 'error', '1')
+                    gerr[#gerr + 1] = f
+                    gerr[#gerr + 1] = tok or '0'
+                    add_ev('sample', 'error', '1', f)
                 elseif J.score then
                     J.xq[#J.xq + 1] = f
-                    ev(j, 'sample', t, s, '', '0')
+                    add_ev('sample', '', '0', f)
                 else
                     J.term = J.term + 1
-                    ev(j, 'sample', t, s, '', '1')
+                    add_ev('sample', '', '1', f)
                 end
-            else
-                dups = dups + 1
             end
         else
-            if redis.call('HSETNX', jk(j, 'exec'), f, pl) == 1 then
+            if exe[k] then
+                dups = dups + 1
+            else
+                seen[f] = true
+                hexe[#hexe + 1] = f
+                hexe[#hexe + 1] = pl
                 local ok, spd, st = string.match(info, '^(%d) (%S+) (%S+)$')
                 J.scored = J.scored + 1
                 J.term = J.term + 1
@@ -352,19 +439,78 @@ local function op_complete(a)
                     J.correct = J.correct + 1
                     J.spd = J.spd + num(spd, 0)
                 end
-                ev(j, 'scored', t, s, st or '', '1')
-            else
-                dups = dups + 1
+                if st == 'EXEC_NONE' then -- no verdict: the scoring itself failed
+                    xerr[#xerr + 1] = f
+                    xerr[#xerr + 1] = ok or '0'
+                end
+                add_ev('scored', st or '', '1', f)
             end
         end
+    end
+    for _, h in ipairs({{'res', hres}, {'exec', hexe}, {'gerr', gerr}, {'xerr', xerr}}) do
+        if #h[2] > 0 then
+            chunked('HSET', jk(j, h[1]), h[2], 4000)
+        end
+    end
+    for _, g in ipairs(gorder) do
+        ev_list(j, g[1], g[4], g[2], g[3])
+    end
+    return dups, invalid
+end
+
+local function op_complete(a)
+    local now, ng = a[2], num(a[3], 0)
+    local jobs, order, z = {}, {}, {}
+    local dups, discarded, invalid = 0, 0, 0
+    local i = 4
+    for _ = 1, ng do
+        local j, kind, cnt = a[i], a[i + 1], num(a[i + 2], 0)
+        i = i + 3
+        local J = jobs[j]
+        if not J then
+            local v = redis.call('HMGET', jk(j), 'state', 'score', 'tasks', 'n', 'tn_any',
+                                 'dead')
+            J = {st = v[1], score = (v[2] == '1'), tasks = num(v[3], 0), n = num(v[4], 1),
+                 tn_any = v[5], anydead = num(v[6], 0) > 0, gen = 0, failed = 0, term = 0,
+                 tok = 0, scored = 0, correct = 0, spd = 0, xq = {}, items = {}, kinds = {}}
+            jobs[j] = J
+            order[#order + 1] = j
+        end
+        local is_live = live(J.st)
+        for b = i, i + 5 * (cnt - 1), 5 do
+            local t = num(a[b], -1)
+            if a[b + 2] ~= '' then
+                z[#z + 1] = a[b + 2]
+            end
+            if not is_live then
+                discarded = discarded + 1
+            elseif t < 0 or t >= J.tasks then
+                invalid = invalid + 1
+            else
+                local k = #J.items + 1
+                J.items[k] = b
+                J.kinds[k] = kind
+                if kind == 'g' then
+                    J.kind_g = true
+                else
+                    J.kind_e = true
+                end
+            end
+        end
+        i = i + 5 * cnt
     end
     if #z > 0 then
         chunked('ZREM', LEASES, z, 4000)
     end
-    local out = {dups, discarded, invalid}
+    local out = {0, discarded, 0}
     for _, j in ipairs(order) do
         local J = jobs[j]
         local jh = jk(j)
+        if #J.items > 0 then
+            local d, inv = commit_job(j, J, a, now)
+            dups = dups + d
+            invalid = invalid + inv
+        end
         if J.gen > 0 then
             redis.call('HINCRBY', jh, 'generated', J.gen)
             redis.call('HINCRBY', jh, 'tokens', J.tok)
@@ -387,8 +533,9 @@ local function op_complete(a)
             redis.call('HINCRBY', jh, 'terminal', J.term)
             done = check_done(j, now)
         end
-        out[#out + 1] = {j, done, #J.xq}
+        out[#out + 1] = {j, done, #J.xq, J.gen, J.tok, J.scored, J.correct}
     end
+    out[1], out[3] = dups, invalid
     return out
 end
 
@@ -429,7 +576,7 @@ local function release_one(lid, now, penalty, fatal, err)
         else
             redis.call('RPUSH', jk(j, 'xq'), t .. ':' .. s)
         end
-        return 'requeued'
+        return 'requeued', j, 0
     end
     -- dead-letter every sample of the unit that has no terminal record yet
     local ss = {}
@@ -443,6 +590,7 @@ local function release_one(lid, now, penalty, fatal, err)
     end
     local dead = 0
     local why = 'attempts=' .. used .. ' ' .. err
+    local list = {}
     for _, si in ipairs(ss) do
         local f = t .. ':' .. si
         local done
@@ -452,50 +600,91 @@ local function release_one(lid, now, penalty, fatal, err)
             done = redis.call('HEXISTS', jk(j, 'exec'), f)
         end
         if done == 0 and redis.call('HSETNX', jk(j, 'dead'), f, why) == 1 then
-            ev(j, 'dead', t, si, why, '1')
+            list[#list + 1] = f
             dead = dead + 1
         end
     end
     redis.call('ZADD', P .. 'deadletter', now, j .. '/' .. key)
     if dead > 0 then
+        ev_list(j, 'dead', list, why, '1')
         redis.call('HINCRBY', jh, 'dead', dead)
         redis.call('HINCRBY', jh, 'terminal', dead)
-        check_done(j, now)
+        if check_done(j, now) == 1 then
+            return 'dead', j, 1
+        end
     end
-    return 'dead'
+    return 'dead', j, 0
 end
 
--- release now penalty fatal err count lid* -> {requeued, dead, gone}
+-- release now penalty fatal err count lid* -> {requeued, dead, gone, {job}* (jobs with new
+-- events), {job}* (jobs that became done)}
+local function note_job(seen, list, j)
+    if j and not seen[j] then
+        seen[j] = true
+        list[#list + 1] = j
+    end
+end
+
 local function op_release(a)
     local now, pen, fatal, err, cnt = a[2], a[3], a[4], a[5], num(a[6], 0)
     local r = {requeued = 0, dead = 0, gone = 0}
+    local touched, done, seen_t, seen_d = {}, {}, {}, {}
     for i = 1, cnt do
-        local what = release_one(a[6 + i], now, pen, fatal, err)
+        local what, j, fin = release_one(a[6 + i], now, pen, fatal, err)
         r[what] = r[what] + 1
+        if what == 'dead' then
+            note_job(seen_t, touched, j)
+        end
+        if fin == 1 then
+            note_job(seen_d, done, j)
+        end
     end
-    return {r.requeued, r.dead, r.gone}
+    return {r.requeued, r.dead, r.gone, touched, done}
 end
 
--- expire now limit -> {lease ids released}
+-- expire now limit -> {{lease ids released}, {job}* (new events), {job}* (became done)}
 local function op_expire(a)
     local now, limit = a[2], num(a[3], 1000)
     local due = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)
+    local touched, done, seen_t, seen_d = {}, {}, {}, {}
     for _, lid in ipairs(due) do
-        release_one(lid, now, '1', '0', 'lease expired')
+        local what, j, fin = release_one(lid, now, '1', '0', 'lease expired')
+        if what == 'dead' then
+            note_job(seen_t, touched, j)
+        end
+        if fin == 1 then
+            note_job(seen_d, done, j)
+        end
     end
-    return due
+    return {due, touched, done}
 end
 
 -- renew now lease_ms lid* -> {1 when the lease exists (renewed), else 0}*
+-- (ZMSCORE finds the leases that still exist, one ZADD XX moves them all)
 local function op_renew(a)
-    local exp = num(a[2], 0) + num(a[3], 0)
-    local out = {}
-    for i = 4, #a do
-        if redis.call('ZSCORE', LEASES, a[i]) then
-            redis.call('ZADD', LEASES, exp, a[i])
-            out[#out + 1] = 1
-        else
-            out[#out + 1] = 0
+    local exp = tostring(num(a[2], 0) + num(a[3], 0))
+    local out, z = {}, {}
+    local i = 4
+    while i <= #a do
+        local last = math.min(i + 3999, #a)
+        local sc = redis.call('ZMSCORE', LEASES, unpack(a, i, last))
+        for k = 1, last - i + 1 do
+            if sc[k] then
+                z[#z + 1] = exp
+                z[#z + 1] = a[i + k - 1]
+                out[#out + 1] = 1
+            else
+                out[#out + 1] = 0
+            end
+        end
+        i = last + 1
+    end
+    if #z > 0 then
+        local k = 1
+        while k <= #z do
+            local last = math.min(k + 3999, #z)
+            redis.call('ZADD', LEASES, 'XX', unpack(z, k, last))
+            k = last + 1
         end
     end
     return out
@@ -524,9 +713,14 @@ local function op_cancel(a)
     return n
 end
 
--- retry now job -> dead-lettered units put back in their queues
+-- retry now job failed_only -> units put back in their queues
+-- Dead-lettered samples go back with fresh attempt counts; with failed_only also the samples
+-- whose generation ended in error (anv:job:<j>:gerr) and those whose scoring gave no verdict
+-- (:xerr): their records are removed and the counters taken back, so they run again. Each
+-- re-queued sample gets the id of this retry's event in :redo, so that the results stream
+-- skips its older, superseded terminal event.
 local function op_retry(a)
-    local now, j = a[2], a[3]
+    local now, j, failed_only = a[2], a[3], a[4] == '1'
     local jh = jk(j)
     local v = redis.call('HMGET', jh, 'state', 'score')
     if not v[1] then
@@ -535,8 +729,16 @@ local function op_retry(a)
     if v[1] == 'cancelled' then
         return redis.error_reply('ESTATE job is cancelled')
     end
+    local gen, n, redo = {}, 0, {}
+    local function requeue_gen(t)
+        if not gen[t] then
+            gen[t] = true
+            redis.call('RPUSH', jk(j, 'retry'), t)
+            redis.call('HDEL', jk(j, 'att'), 'g:' .. t)
+            n = n + 1
+        end
+    end
     local dead = redis.call('HKEYS', jk(j, 'dead'))
-    local gen, n = {}, 0
     for _, f in ipairs(dead) do
         local t = string.match(f, '^(%d+):')
         if t then
@@ -544,42 +746,130 @@ local function op_retry(a)
                 redis.call('RPUSH', jk(j, 'xq'), f)
                 redis.call('HDEL', jk(j, 'att'), 'e:' .. f)
                 n = n + 1
-            elseif not gen[t] then
-                gen[t] = true
-                redis.call('RPUSH', jk(j, 'retry'), t)
-                redis.call('HDEL', jk(j, 'att'), 'g:' .. t)
-                n = n + 1
+            else
+                requeue_gen(t)
             end
+            redo[#redo + 1] = f
         end
         redis.call('HDEL', jk(j, 'dead'), f)
     end
+    local terminal = #dead
     if #dead > 0 then
         redis.call('HINCRBY', jh, 'dead', -#dead)
-        redis.call('HINCRBY', jh, 'terminal', -#dead)
+    end
+    if failed_only then
+        local ge = redis.call('HGETALL', jk(j, 'gerr'))
+        local k, tok = 0, 0
+        for i = 1, #ge, 2 do
+            local f = ge[i]
+            local t = string.match(f, '^(%d+):')
+            if t and redis.call('HDEL', jk(j, 'res'), f) == 1 then
+                k = k + 1
+                tok = tok + num(ge[i + 1], 0)
+                requeue_gen(t)
+                redo[#redo + 1] = f
+            end
+        end
+        redis.call('DEL', jk(j, 'gerr'))
+        if k > 0 then
+            redis.call('HINCRBY', jh, 'generated', -k)
+            redis.call('HINCRBY', jh, 'failed', -k)
+            redis.call('HINCRBY', jh, 'tokens', -tok)
+            terminal = terminal + k
+        end
+        local xe = redis.call('HKEYS', jk(j, 'xerr'))
+        k = 0
+        for _, f in ipairs(xe) do
+            if redis.call('HDEL', jk(j, 'exec'), f) == 1 then
+                k = k + 1
+                redis.call('RPUSH', jk(j, 'xq'), f)
+                redis.call('HDEL', jk(j, 'att'), 'e:' .. f)
+                n = n + 1
+                redo[#redo + 1] = f
+            end
+        end
+        redis.call('DEL', jk(j, 'xerr'))
+        if k > 0 then
+            redis.call('HINCRBY', jh, 'scored', -k)
+            terminal = terminal + k
+        end
+    end
+    if terminal > 0 then
+        redis.call('HINCRBY', jh, 'terminal', -terminal)
         if v[1] == 'done' or v[1] == 'failed' then
             redis.call('HSET', jh, 'state', 'running')
             redis.call('HDEL', jh, 'finished_ms')
             redis.call('SADD', ACTIVE, j)
         end
-        ev(j, 'retry', '', '', 'units=' .. n, '0')
+        local id = ev(j, 'retry', '', '', 'units=' .. n, '0')
+        local h = {}
+        for _, f in ipairs(redo) do
+            h[#h + 1] = f
+            h[#h + 1] = id
+        end
+        chunked('HSET', jk(j, 'redo'), h, 4000)
     end
     return n
 end
 
--- results job cursor page -> {next_cursor, more(0|1), {event_id task sample type res exec dead}*}
+-- The samples an event is about: a list event has `ts` ("t:s,t:s,..."), a single one `t`, `s`.
+local function ev_items(h)
+    local out = {}
+    if h.ts then
+        for t, s in string.gmatch(h.ts, '(%d+):(%d+)') do
+            out[#out + 1] = {t, s}
+        end
+    else
+        out[1] = {h.t or '', h.s or ''}
+    end
+    return out
+end
+
+-- An offset names a place in a job's events: a stream id (after that entry), or
+-- "<stream id>.<k>" (inside that entry, after its item k, counted from 0). Item k of an entry
+-- of n items is at "<id>.<k>", its last one at "<id>", so resuming is exact either way.
+local function item_offset(id, k, n)
+    if k == n then
+        return id
+    end
+    return id .. '.' .. (k - 1)
+end
+
+-- stream ids "ms-seq": x before y
+local function id_before(x, y)
+    local xm, xs = string.match(x, '^(%d+)%-(%d+)$')
+    local ym, ys = string.match(y, '^(%d+)%-(%d+)$')
+    if not xm or not ym then
+        return false
+    end
+    xm, ym = tonumber(xm), tonumber(ym)
+    if xm ~= ym then
+        return xm < ym
+    end
+    return tonumber(xs) < tonumber(ys)
+end
+
+-- results job cursor page -> {next_cursor, more(0|1), {offset task sample type res exec dead}*}
 -- Pages walk the job's event stream and keep its terminal events, so results come in
 -- completion order, each once, and a cursor stays valid while the job keeps running.
 local function op_results(a)
     local j, cursor, page = a[2], a[3], num(a[4], 100)
-    local start = '-'
-    if cursor ~= '' then
-        start = '(' .. cursor
+    local start, inside, skip = '-', nil, 0
+    if cursor ~= '' and cursor ~= '0' then
+        local id, k = string.match(cursor, '^(%d+%-%d+)%.(%d+)$')
+        if id then
+            start, inside, skip = id, id, num(k, 0) + 1
+        else
+            start = '(' .. cursor
+        end
     end
     local items = {}
     local last = cursor
     local more = 1
-    while #items < page do
-        local want = (page - #items) * 2 + 8
+    local full = false
+    local retried = redis.call('EXISTS', jk(j, 'redo')) == 1
+    while not full do
+        local want = page - #items + 8
         local evs = redis.call('XRANGE', jk(j, 'events'), start, '+', 'COUNT', want)
         for _, e in ipairs(evs) do
             local id, f = e[1], e[2]
@@ -587,26 +877,57 @@ local function op_results(a)
             for k = 1, #f, 2 do
                 h[f[k]] = f[k + 1]
             end
+            local its = ev_items(h)
+            local k0 = 1
+            if id == inside then
+                k0 = skip + 1
+            end
             last = id
+            local redo = nil
+            if retried and h.term == '1' and k0 <= #its then
+                local fs = {}
+                for k = 1, #its do
+                    fs[k] = its[k][1] .. ':' .. its[k][2]
+                end
+                redo = hmget(jk(j, 'redo'), fs)
+            end
             if h.term == '1' then
-                local key = h.t .. ':' .. h.s
-                items[#items + 1] = {id, h.t, h.s, h.type,
-                                     redis.call('HGET', jk(j, 'res'), key) or '',
-                                     redis.call('HGET', jk(j, 'exec'), key) or '',
-                                     redis.call('HGET', jk(j, 'dead'), key) or ''}
-                if #items >= page then
-                    break
+                for k = k0, #its do
+                    if not (redo and redo[k] and id_before(id, redo[k])) then
+                        items[#items + 1] = {item_offset(id, k, #its), its[k][1], its[k][2],
+                                             h.type}
+                    end
+                    if #items >= page then
+                        last = item_offset(id, k, #its)
+                        full = true
+                        break
+                    end
                 end
             end
+            if full then
+                break
+            end
         end
-        if #items >= page then
-            break
+        if not full then
+            if #evs < want then
+                more = 0
+                break
+            end
+            start, inside = '(' .. last, nil
         end
-        if #evs < want then
-            more = 0
-            break
+    end
+    if #items > 0 then
+        local fs = {}
+        for k = 1, #items do
+            fs[k] = items[k][2] .. ':' .. items[k][3]
         end
-        start = '(' .. last
+        local res = redis.call('HMGET', jk(j, 'res'), unpack(fs))
+        local exe = redis.call('HMGET', jk(j, 'exec'), unpack(fs))
+        local dead = hmget(jk(j, 'dead'), fs)
+        for k = 1, #items do
+            local it = items[k]
+            it[5], it[6], it[7] = res[k] or '', exe[k] or '', dead[k] or ''
+        end
     end
     if more == 0 then
         local st = redis.call('HGET', jk(j), 'state')
@@ -628,11 +949,11 @@ local function op_load(a)
     end
     for _, j in ipairs(ids) do
         local v = redis.call('HMGET', jk(j), 'state', 'priority', 'tasks', 'cursor', 'final',
-                             'spec', 'created_ms')
+                             'spec', 'created_ms', 'xkinds')
         if v[1] then
             out[#out + 1] = {j, v[1], v[2] or '0', v[3] or '0', v[4] or '0', v[5] or '0',
                              v[6] or '', redis.call('LLEN', jk(j, 'retry')),
-                             redis.call('LLEN', jk(j, 'xq')), v[7] or '0'}
+                             redis.call('LLEN', jk(j, 'xq')), v[7] or '0', v[8] or '0'}
         elseif not a[2] or a[2] == '' then
             redis.call('SREM', ACTIVE, j)
         end
@@ -642,6 +963,7 @@ end
 
 local ops = {
     create = op_create,
+    create_submit = op_create_submit,
     submit = op_submit,
     lease = op_lease,
     complete = op_complete,

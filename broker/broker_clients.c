@@ -13,6 +13,7 @@
 #include "broker_internal.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,10 +50,12 @@ static bool s_valid_job_id(const char *id)
 
 /* ---- submit ---------------------------------------------------------------------------- */
 
-static int s_create(broker_t *b, Anvil__JobSpec *spec, char job_id[ANV_ID_SIZE], bool *existing)
+/* A new job's spec, completed (id, defaults) and packed into *buf; the create arguments are
+   the start of a "create_submit" call, whose submit arguments the caller adds. */
+static int s_create_args(broker_t *b, Anvil__JobSpec *spec, char job_id[ANV_ID_SIZE],
+                         uint8_t **buf, size_t *len)
 {
     anv_id_new(job_id);
-    spec->id = job_id;
     spec->has_created_ms = 1;
     spec->created_ms = (uint64_t)anv_wall_ms();
     if (!spec->has_n || spec->n == 0) {
@@ -65,43 +68,43 @@ static int s_create(broker_t *b, Anvil__JobSpec *spec, char job_id[ANV_ID_SIZE],
         spec->has_max_attempts = 1;
         spec->max_attempts = (uint32_t)b->cfg.max_attempts;
     }
-    size_t len = anvil__job_spec__get_packed_size(spec);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
+    spec->id = job_id;
+    *len = anvil__job_spec__get_packed_size(spec);
+    *buf = malloc(*len ? *len : 1);
+    if (*buf)
+        anvil__job_spec__pack(spec, *buf);
+    spec->id = NULL;
+    if (!*buf)
         return -ENOMEM;
-    anvil__job_spec__pack(spec, buf);
-    broker_args_reset(b->args, "create");
+    broker_args_reset(b->args, "create_submit");
     broker_args_int(b->args, anv_wall_ms());
     broker_args_str(b->args, job_id);
     broker_args_str(b->args, spec->idempotency_key);
-    broker_args_bin(b->args, buf, len);
+    broker_args_bin(b->args, *buf, *len);
     broker_args_str(b->args, spec->name);
     broker_args_int(b->args, spec->priority);
     broker_args_int(b->args, spec->n);
     broker_args_str(b->args, spec->score ? "1" : "0");
     broker_args_int(b->args, spec->max_attempts);
     broker_args_str(b->args, spec->tenant);
-    redisReply *r = NULL;
-    int rc = broker_store_call(b->store, b->args, &r);
-    spec->id = NULL;
-    if (rc == 0) {
-        snprintf(job_id, ANV_ID_SIZE, "%s", broker_reply_str(r, 0, NULL));
-        *existing = broker_reply_int(r, 1, 0) == 1;
-        if (!*existing && !zhashx_lookup(b->jobs, job_id)) {
-            Anvil__JobSpec *copy = anvil__job_spec__unpack(NULL, len, buf);
-            broker_job_t *j = copy ? broker_job_new(job_id, copy, spec->priority) : NULL;
-            if (j)
-                zhashx_insert(b->jobs, j->id, j);
-            else if (copy)
-                anvil__job_spec__free_unpacked(copy, NULL);
-            b->m.jobs_submitted++;
-            ANV_JINFO(job_id, "job created: name '%s', priority %d, n %u, score %d",
-                      spec->name ? spec->name : "", spec->priority, spec->n, spec->score);
-        }
-        freeReplyObject(r);
-    }
-    free(buf);
-    return rc;
+    return 0;
+}
+
+/* the job exists in Redis now: give it its in-memory record */
+static void s_created(broker_t *b, const Anvil__JobSpec *spec, const char *job_id,
+                      const uint8_t *buf, size_t len)
+{
+    if (zhashx_lookup(b->jobs, job_id))
+        return;
+    Anvil__JobSpec *copy = anvil__job_spec__unpack(NULL, len, buf);
+    broker_job_t *j = copy ? broker_job_new(job_id, copy, spec->priority) : NULL;
+    if (j)
+        zhashx_insert(b->jobs, j->id, j);
+    else if (copy)
+        anvil__job_spec__free_unpacked(copy, NULL);
+    b->m.jobs_submitted++;
+    ANV_JINFO(job_id, "job created: name '%s', priority %d, n %u, score %d",
+              spec->name ? spec->name : "", spec->priority, spec->n, spec->score);
 }
 
 static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRequest *req)
@@ -109,11 +112,17 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
     char job_id[ANV_ID_SIZE] = "";
     bool existing = false;
     int rc = 0;
-    uint8_t **bufs = NULL;
-    size_t *lens = NULL;
+    uint8_t **bufs = NULL, *spec_buf = NULL;
+    size_t *lens = NULL, spec_len = 0;
     redisReply *r = NULL;
     bool strict = b->cfg.strict;
-    if (req->spec && !(req->job_id && req->job_id[0])) {
+    /* the first chunk of a new job creates it in the same script call (one round trip) */
+    bool create = req->spec && !(req->job_id && req->job_id[0]);
+    if (req->n_tasks > 100000) {
+        rc = ANV_ETOOBIG;
+        goto out;
+    }
+    if (create) {
         strict = strict || req->spec->durability == ANVIL__DURABILITY__DURABILITY_STRICT;
         /* settings can change at runtime (CONFIG SET): look again for each strict job */
         if (strict && (broker_store_check_durability(b->store, false) != 0 ||
@@ -121,17 +130,16 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
             rc = ANV_EUNSUPPORTED;
             goto out;
         }
-        rc = s_create(b, req->spec, job_id, &existing);
+        rc = s_create_args(b, req->spec, job_id, &spec_buf, &spec_len);
         if (rc != 0)
             goto out;
     } else if (s_valid_job_id(req->job_id)) {
         snprintf(job_id, sizeof job_id, "%s", req->job_id);
+        broker_args_reset(b->args, "submit");
+        broker_args_int(b->args, anv_wall_ms());
+        broker_args_str(b->args, job_id);
     } else {
         rc = ANV_EPROTO;
-        goto out;
-    }
-    if (req->n_tasks > 100000) {
-        rc = ANV_ETOOBIG;
         goto out;
     }
     bufs = calloc(req->n_tasks + 1, sizeof *bufs);
@@ -140,9 +148,6 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
         rc = -ENOMEM;
         goto out;
     }
-    broker_args_reset(b->args, "submit");
-    broker_args_int(b->args, anv_wall_ms());
-    broker_args_str(b->args, job_id);
     broker_args_str(b->args, req->has_final && req->final ? "1" : "0");
     broker_args_int(b->args, (int64_t)req->n_tasks);
     /* A chunk whose tasks all have custom ids is idempotent by itself. Otherwise its index
@@ -169,6 +174,13 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
                  (unsigned long long)(req->has_chunk_index ? req->chunk_index : 0),
                  (unsigned long long)h);
     broker_args_str(b->args, ck);
+    uint32_t xkinds = 0;
+    for (size_t i = 0; i < req->n_tasks; i++) {
+        const Anvil__TaskRef *ref = req->tasks[i]->ref;
+        if (ref && ref->has_kind && ref->kind > 0 && ref->kind < 32)
+            xkinds |= 1u << ref->kind;
+    }
+    broker_args_int(b->args, xkinds);
     for (size_t i = 0; i < req->n_tasks; i++) {
         Anvil__Task *t = req->tasks[i];
         t->has_index = 0;
@@ -188,13 +200,22 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
         broker_redis_failed(b, "submit");
     if (rc != 0)
         goto out;
+    size_t at = 0; /* create_submit replies {job, existing, accepted, skipped, tasks} */
+    if (create) {
+        snprintf(job_id, sizeof job_id, "%s", broker_reply_str(r, 0, NULL));
+        existing = broker_reply_int(r, 1, 0) == 1;
+        if (!existing)
+            s_created(b, req->spec, job_id, spec_buf, spec_len);
+        at = 2;
+    }
     if (strict && (rc = broker_store_wait_durable(b->store, 5000)) != 0)
         goto out;
-    int64_t acc = broker_reply_int(r, 0, 0), skip = broker_reply_int(r, 1, 0);
+    int64_t acc = broker_reply_int(r, at, 0), skip = broker_reply_int(r, at + 1, 0);
     broker_job_t *j = zhashx_lookup(b->jobs, job_id);
     if (j && acc > 0) {
         j->ready_fresh += acc;
         j->live = true;
+        j->xkinds |= xkinds;
     } else if (!j && acc > 0) {
         broker_sched_load(b, job_id);
     }
@@ -207,7 +228,7 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
     sr.has_accepted = sr.has_skipped = sr.has_total_tasks = sr.has_durable = sr.has_existing = 1;
     sr.accepted = (uint64_t)acc;
     sr.skipped = (uint64_t)skip;
-    sr.total_tasks = (uint64_t)broker_reply_int(r, 2, 0);
+    sr.total_tasks = (uint64_t)broker_reply_int(r, at + 2, 0);
     sr.durable = 1;
     sr.existing = existing;
     env.body_case = ANVIL__ENVELOPE__BODY_SUBMIT_REPLY;
@@ -224,6 +245,7 @@ out:
         free(bufs[i]);
     free(bufs);
     free(lens);
+    free(spec_buf);
     if (r)
         freeReplyObject(r);
 }
@@ -256,7 +278,8 @@ static uint64_t s_u(const redisReply *h, const char *name)
 }
 
 /* fills st from the job hash; strings point into h */
-static int s_status(broker_t *b, const char *job_id, Anvil__JobStatus *st, redisReply **h)
+int broker_clients_job_status(broker_t *b, const char *job_id, Anvil__JobStatus *st,
+                              redisReply **h)
 {
     char key[64];
     snprintf(key, sizeof key, "anv:job:%s", job_id);
@@ -344,7 +367,7 @@ static void s_on_status(broker_t *b, zframe_t *id, uint64_t rid, Anvil__StatusRe
     size_t k = 0;
     int rc = 0;
     for (size_t i = 0; sts && ptrs && hs && i < n; i++) {
-        rc = s_status(b, ids[i], &sts[k], &hs[k]);
+        rc = broker_clients_job_status(b, ids[i], &sts[k], &hs[k]);
         if (rc == 0) {
             ptrs[k] = &sts[k];
             k++;
@@ -377,16 +400,57 @@ static void s_on_status(broker_t *b, zframe_t *id, uint64_t rid, Anvil__StatusRe
 
 /* ---- watch ----------------------------------------------------------------------------- */
 
+/* One entry of a job's event stream holds one event (fields t, s) or a list of samples of the
+   same type and detail (field ts = "t:s,t:s,..."). Offsets: a stream id means "after that
+   entry"; "<id>.<k>" means "inside entry <id>, after its item k" (from 0). An entry's items
+   get the offsets "<id>.0" ... "<id>.<n-2>" and, the last one, "<id>", so a client resumes
+   exactly from any event it saw. */
+typedef struct {
+    const char *id, *type, *detail, *t, *s, *ts;
+} s_entry_t;
+
+static void s_entry_parse(const redisReply *e, s_entry_t *x)
+{
+    memset(x, 0, sizeof *x);
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+        e->element[0]->type != REDIS_REPLY_STRING)
+        return;
+    x->id = e->element[0]->str;
+    const redisReply *f = e->element[1];
+    x->type = s_field(f, "type");
+    x->detail = s_field(f, "d");
+    x->t = s_field(f, "t");
+    x->s = s_field(f, "s");
+    x->ts = s_field(f, "ts");
+}
+
+static size_t s_entry_items(const s_entry_t *x)
+{
+    if (!x->ts)
+        return 1;
+    size_t n = *x->ts ? 1 : 0;
+    for (const char *p = x->ts; *p; p++)
+        n += *p == ',';
+    return n;
+}
+
 /* reads events after `offset`; returns the number read, or -1 on a Redis error */
 static int s_answer_watch(broker_t *b, zframe_t *id, uint64_t rid, const char *job_id,
                           const char *offset, uint32_t max_events, bool force)
 {
-    char key[64], start[64], count[16];
+    char key[64], start[64], count[16], inside[48] = "";
+    size_t skip = 0;
     snprintf(key, sizeof key, "anv:job:%s:events", job_id);
-    if (!offset || !offset[0] || !strcmp(offset, "0"))
+    const char *dot = offset ? strchr(offset, '.') : NULL;
+    if (!offset || !offset[0] || !strcmp(offset, "0")) {
         snprintf(start, sizeof start, "-");
-    else
-        snprintf(start, sizeof start, "(%s", offset);
+    } else if (dot && dot - offset < (ptrdiff_t)sizeof inside) {
+        snprintf(inside, sizeof inside, "%.*s", (int)(dot - offset), offset);
+        snprintf(start, sizeof start, "%s", inside);
+        skip = (size_t)strtoull(dot + 1, NULL, 10) + 1;
+    } else {
+        snprintf(start, sizeof start, "(%.60s", offset);
+    }
     snprintf(count, sizeof count, "%u", max_events);
     const char *argv[] = {"XRANGE", key, start, "+", "COUNT", count};
     redisReply *r = NULL;
@@ -394,42 +458,82 @@ static int s_answer_watch(broker_t *b, zframe_t *id, uint64_t rid, const char *j
         s_error(b, id, rid, ANV_EREDIS, broker_store_errstr(b->store));
         return -1;
     }
-    size_t n = r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
+    size_t ne = r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
+    /* count the events first: entries expand into their items */
+    size_t n = 0;
+    for (size_t i = 0; i < ne && n < max_events; i++) {
+        s_entry_t x;
+        s_entry_parse(r->element[i], &x);
+        size_t k = s_entry_items(&x);
+        if (x.id && inside[0] && !strcmp(x.id, inside))
+            k = k > skip ? k - skip : 0;
+        n += k;
+    }
+    if (n > max_events)
+        n = max_events;
     if (n == 0 && !force) {
         freeReplyObject(r);
         return 0;
     }
     Anvil__Event *evs = calloc(n + 1, sizeof *evs);
     Anvil__Event **ptrs = calloc(n + 1, sizeof *ptrs);
-    for (size_t i = 0; evs && ptrs && i < n; i++) {
-        const redisReply *e = r->element[i];
-        anvil__event__init(&evs[i]);
-        ptrs[i] = &evs[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2)
+    char (*ids)[64] = calloc(n + 1, 64);
+    size_t k = 0;
+    for (size_t i = 0; evs && ptrs && ids && i < ne && k < n; i++) {
+        s_entry_t x;
+        s_entry_parse(r->element[i], &x);
+        if (!x.id)
             continue;
-        evs[i].id = e->element[0]->str;
-        const redisReply *f = e->element[1];
-        evs[i].type = (char *)s_field(f, "type");
-        evs[i].detail = (char *)s_field(f, "d");
-        const char *t = s_field(f, "t"), *s = s_field(f, "s");
-        if (t && *t) {
-            evs[i].has_task_index = 1;
-            evs[i].task_index = strtoull(t, NULL, 10);
-        }
-        if (s && *s) {
-            evs[i].has_sample_index = 1;
-            evs[i].sample_index = (uint32_t)strtoul(s, NULL, 10);
+        size_t items = s_entry_items(&x);
+        size_t first = inside[0] && !strcmp(x.id, inside) ? skip : 0;
+        const char *p = x.ts;
+        for (size_t it = 0; it < items && k < n; it++) {
+            const char *t = x.t, *s = x.s;
+            char tb[24], sb[16];
+            if (x.ts) { /* "t:s" item `it` of the list */
+                size_t tl = strcspn(p, ":,");
+                snprintf(tb, sizeof tb, "%.*s", (int)(tl < 23 ? tl : 23), p);
+                p += tl;
+                size_t sl = *p == ':' ? strcspn(p + 1, ",") : 0;
+                snprintf(sb, sizeof sb, "%.*s", (int)(sl < 15 ? sl : 15), *p == ':' ? p + 1 : p);
+                p += *p == ':' ? 1 + sl : 0;
+                if (*p == ',')
+                    p++;
+                t = tb;
+                s = sb;
+            }
+            if (it < first)
+                continue;
+            Anvil__Event *ev = &evs[k];
+            anvil__event__init(ev);
+            ptrs[k] = ev;
+            if (it + 1 == items)
+                snprintf(ids[k], 64, "%s", x.id);
+            else
+                snprintf(ids[k], 64, "%s.%zu", x.id, it);
+            ev->id = ids[k];
+            ev->type = (char *)x.type;
+            ev->detail = (char *)x.detail;
+            if (t && *t) {
+                ev->has_task_index = 1;
+                ev->task_index = strtoull(t, NULL, 10);
+            }
+            if (s && *s) {
+                ev->has_sample_index = 1;
+                ev->sample_index = (uint32_t)strtoul(s, NULL, 10);
+            }
+            k++;
         }
     }
     Anvil__Envelope env;
     Anvil__WatchReply wr = ANVIL__WATCH_REPLY__INIT;
     anv_msg_init(&env);
-    wr.n_events = evs && ptrs ? n : 0;
+    wr.n_events = k;
     wr.events = ptrs;
-    wr.last_offset = (char *)(n && evs ? evs[n - 1].id : (offset ? offset : ""));
+    wr.last_offset = (char *)(k ? evs[k - 1].id : (offset ? offset : ""));
     Anvil__JobStatus st;
     redisReply *h = NULL;
-    if (s_status(b, job_id, &st, &h) == 0)
+    if (broker_clients_job_status(b, job_id, &st, &h) == 0)
         wr.status = &st;
     env.body_case = ANVIL__ENVELOPE__BODY_WATCH_REPLY;
     env.watch_reply = &wr;
@@ -438,8 +542,9 @@ static int s_answer_watch(broker_t *b, zframe_t *id, uint64_t rid, const char *j
         freeReplyObject(h);
     free(evs);
     free(ptrs);
+    free(ids);
     freeReplyObject(r);
-    return (int)n;
+    return (int)k;
 }
 
 static void s_watch_destroy(void **item)
@@ -679,9 +784,11 @@ static void s_on_retry(broker_t *b, zframe_t *id, uint64_t rid, Anvil__RetryRequ
         s_error(b, id, rid, ANV_ENOTFOUND, "no such job");
         return;
     }
+    broker_commit(b); /* results on their way count before the failures are looked at */
     broker_args_reset(b->args, "retry");
     broker_args_int(b->args, anv_wall_ms());
     broker_args_str(b->args, req->job_id);
+    broker_args_str(b->args, req->has_failed_only && req->failed_only ? "1" : "0");
     redisReply *r = NULL;
     int rc = broker_store_call(b->store, b->args, &r);
     if (rc != 0) {
@@ -692,6 +799,9 @@ static void s_on_retry(broker_t *b, zframe_t *id, uint64_t rid, Anvil__RetryRequ
     freeReplyObject(r);
     if (n)
         broker_sched_load(b, req->job_id);
+    ANV_JINFO(req->job_id, "retry%s: %llu units re-queued",
+              req->has_failed_only && req->failed_only ? " of failed samples" : "",
+              (unsigned long long)n);
     Anvil__Envelope env;
     Anvil__RetryReply rr = ANVIL__RETRY_REPLY__INIT;
     anv_msg_init(&env);
@@ -700,6 +810,7 @@ static void s_on_retry(broker_t *b, zframe_t *id, uint64_t rid, Anvil__RetryRequ
     env.body_case = ANVIL__ENVELOPE__BODY_RETRY_REPLY;
     env.retry_reply = &rr;
     s_reply(b, id, rid, &env);
+    broker_clients_on_job_events(b, req->job_id);
 }
 
 static void s_on_workers(broker_t *b, zframe_t *id, uint64_t rid)

@@ -16,6 +16,7 @@
 #include "anv_log.h"
 #include "anv_time.h"
 #include "broker_internal.h"
+#include "broker_wire.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -69,6 +70,26 @@ bool broker_lease_parse(const char *id, char *kind, char job[ANV_ID_SIZE], uint6
     return true;
 }
 
+void broker_on_released(broker_t *b, const redisReply *r, size_t at)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < at + 2)
+        return;
+    const redisReply *done = r->element[at + 1], *touched = r->element[at];
+    for (size_t i = 0; done->type == REDIS_REPLY_ARRAY && i < done->elements; i++) {
+        broker_job_t *j = zhashx_lookup(b->jobs, broker_reply_str(done, i, NULL));
+        b->m.jobs_done++;
+        if (j) {
+            j->live = false;
+            ANV_JINFO(j->id, "job done (its last units were dead-lettered)");
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        const redisReply *l = pass ? done : touched;
+        for (size_t i = 0; l->type == REDIS_REPLY_ARRAY && i < l->elements; i++)
+            broker_clients_on_job_events(b, broker_reply_str(l, i, NULL));
+    }
+}
+
 int broker_release(broker_t *b, const char *const *ids, size_t n, bool penalty, bool fatal,
                    const char *why)
 {
@@ -91,6 +112,7 @@ int broker_release(broker_t *b, const char *const *ids, size_t n, bool penalty, 
     }
     b->m.units_requeued += (uint64_t)broker_reply_int(r, 0, 0);
     b->m.units_dead += (uint64_t)broker_reply_int(r, 1, 0);
+    broker_on_released(b, r, 3);
     freeReplyObject(r);
     /* ready counts changed: learn them on the next lease call */
     for (size_t i = 0; i < n; i++) {
@@ -151,11 +173,12 @@ static uint64_t s_fnv(const char *s)
     return h;
 }
 
-static broker_worker_t *s_pick_worker(broker_t *b, Anvil__WorkerKind kind)
+static broker_worker_t *s_pick_worker(broker_t *b, Anvil__WorkerKind kind,
+                                      const broker_job_t *job)
 {
     broker_worker_t *best = NULL;
     for (broker_worker_t *w = zhashx_first(b->by_ident); w; w = zhashx_next(b->by_ident)) {
-        if (w->kind != kind || broker_worker_credit(w) == 0)
+        if (w->kind != kind || broker_worker_credit(w) == 0 || !broker_worker_fits(w, job))
             continue;
         if (!best)
             best = w;
@@ -193,10 +216,88 @@ static bool s_unit_from(const redisReply *u, size_t i, s_unit_t *x)
     return x->lease[0] != 0;
 }
 
+/* the sample indices of a gen unit: "" = 0..n-1, else a csv list; returns the count or 0 */
+static uint32_t s_indices(const s_unit_t *x, uint32_t *buf, uint32_t cap, uint32_t **out)
+{
+    uint32_t n = x->n ? x->n : 1;
+    if (x->samples[0]) {
+        n = 1;
+        for (const char *p = x->samples; *p; p++)
+            n += *p == ',';
+    }
+    uint32_t *idx = n <= cap ? buf : calloc(n, sizeof *idx);
+    if (!idx)
+        return 0;
+    if (x->samples[0]) {
+        const char *p = x->samples;
+        for (uint32_t k = 0; k < n; k++) {
+            idx[k] = (uint32_t)strtoul(p, (char **)&p, 10);
+            if (*p == ',')
+                p++;
+        }
+    } else {
+        for (uint32_t k = 0; k < n; k++)
+            idx[k] = k;
+    }
+    *out = idx;
+    return n;
+}
+
+/* Gen units of tasks without their own sampling go out hand-encoded (broker_wire.h), the
+   stored task bytes copied as they are. Returns 1 when it did not apply (take the slow path),
+   else what the send returned. */
+static int s_send_gen_fast(broker_t *b, broker_worker_t *w, broker_job_t *job,
+                           const s_unit_t *x, uint32_t *n_samples)
+{
+    if (!job || !job->spec ||
+        broker_wire_has_field((const uint8_t *)x->task_b, x->task_len, 6) != 0)
+        return 1; /* sampling to merge, or a task the slow path must judge */
+    const Anvil__JobSpec *spec = job->spec;
+    const Anvil__SamplingParams *sp = spec->sampling;
+    uint32_t idx_buf[64], *idx = NULL;
+    uint32_t n = s_indices(x, idx_buf, 64, &idx);
+    if (!n)
+        return -ENOMEM;
+    broker_wire_gen_t u = {
+        .lease_id = x->lease,
+        .job_id = x->job,
+        .task = (const uint8_t *)x->task_b,
+        .task_len = x->task_len,
+        .task_index = x->task,
+        .sampling = job->sampling_pb,
+        .sampling_len = job->sampling_len,
+        .samples = idx,
+        .n_samples = n,
+        .base_seed = (sp && sp->has_seed ? sp->seed : s_fnv(x->job)) +
+                     x->task * 0x9E3779B97F4A7C15ull,
+        .lease_ms = (uint64_t)b->cfg.lease_ms,
+        .attempt = x->attempt,
+        .chat = spec->has_chat ? spec->chat : 1,
+        .has_max_weight_lag = spec->has_max_weight_lag,
+        .max_weight_lag = spec->max_weight_lag,
+    };
+    size_t len;
+    uint8_t *buf = broker_wire_gen_unit(&u, &len);
+    if (idx != idx_buf)
+        free(idx);
+    if (!buf)
+        return -ENOMEM;
+    *n_samples = n;
+    return broker_send_worker_raw(b, w, buf, len);
+}
+
 /* builds and sends one unit; returns 0, or an error after which the unit must be released */
 static int s_send_unit(broker_t *b, broker_worker_t *w, broker_job_t *job, const s_unit_t *x,
                        uint32_t *n_samples, const char **why)
 {
+    if (x->kind[0] == 'g') {
+        int fast = s_send_gen_fast(b, w, job, x, n_samples);
+        if (fast != 1) {
+            if (fast != 0)
+                *why = fast == -EAGAIN ? "worker pipe full" : "worker unreachable";
+            return fast;
+        }
+    }
     Anvil__Task *task = anvil__task__unpack(NULL, x->task_len, (const uint8_t *)x->task_b);
     if (!task) {
         *why = "stored task does not decode";
@@ -212,27 +313,11 @@ static int s_send_unit(broker_t *b, broker_worker_t *w, broker_job_t *job, const
         Anvil__GenUnit gu = ANVIL__GEN_UNIT__INIT;
         Anvil__SamplingParams sp;
         s_merge_sampling(&sp, spec ? spec->sampling : NULL, task->sampling);
-        uint32_t n = x->n ? x->n : 1;
-        if (x->samples[0]) {
-            uint32_t k = 1;
-            for (const char *p = x->samples; *p; p++)
-                k += *p == ',';
-            n = k;
-        }
-        if (n > 64 && !(idx = calloc(n, sizeof *idx))) {
+        uint32_t n = s_indices(x, idx_buf, 64, &idx);
+        if (!n) {
+            idx = idx_buf;
             rc = -ENOMEM;
             goto out;
-        }
-        if (x->samples[0]) {
-            const char *p = x->samples;
-            for (uint32_t k = 0; k < n; k++) {
-                idx[k] = (uint32_t)strtoul(p, (char **)&p, 10);
-                if (*p == ',')
-                    p++;
-            }
-        } else {
-            for (uint32_t k = 0; k < n; k++)
-                idx[k] = k;
         }
         task->has_index = 1;
         task->index = x->task;
@@ -295,26 +380,56 @@ out:
     return rc;
 }
 
+/* promises one unit of job j to a fitting worker with credit left in this round */
+static bool s_reserve(broker_t *b, Anvil__WorkerKind kind, const broker_job_t *j)
+{
+    broker_worker_t *best = NULL;
+    for (broker_worker_t *w = zhashx_first(b->by_ident); w; w = zhashx_next(b->by_ident))
+        if (w->kind == kind && w->round_credit > 0 && broker_worker_fits(w, j) &&
+            (!best || w->round_credit > best->round_credit))
+            best = w;
+    if (best)
+        best->round_credit--;
+    return best != NULL;
+}
+
+static void s_unblock(broker_t *b)
+{
+    for (broker_job_t *j = zhashx_first(b->jobs); j; j = zhashx_next(b->jobs))
+        j->blocked = false;
+}
+
 static void s_dispatch_kind(broker_t *b, int kind)
 {
     Anvil__WorkerKind wk = kind == 0 ? ANVIL__WORKER_KIND__WORKER_GEN : ANVIL__WORKER_KIND__WORKER_EXEC;
     int64_t credit = 0;
     for (broker_worker_t *w = zhashx_first(b->by_ident); w; w = zhashx_next(b->by_ident))
-        if (w->kind == wk)
-            credit += broker_worker_credit(w);
+        if (w->kind == wk) {
+            w->round_credit = broker_worker_credit(w);
+            credit += w->round_credit;
+        }
     if (credit > b->cfg.batch)
         credit = b->cfg.batch;
     if (credit <= 0)
         return;
-    /* share the credit out between jobs; tentative counts are corrected by the reply */
+    /* share the credit out between jobs, each unit promised to a worker that fits its job
+       (model, task kinds); a job no worker with credit fits sits this round out. Tentative
+       counts are corrected by the reply. */
     enum { MAXG = 64 };
     broker_job_t *gj[MAXG];
     int64_t gn[MAXG];
     int ng = 0;
-    for (int64_t k = 0; k < credit; k++) {
+    int64_t misses = 0, max_misses = (int64_t)zhashx_size(b->jobs);
+    for (int64_t k = 0; k < credit && misses <= max_misses;) {
         broker_job_t *j = broker_sched_pick(b, kind);
         if (!j)
             break;
+        if (!s_reserve(b, wk, j)) {
+            j->blocked = true;
+            misses++;
+            continue;
+        }
+        k++;
         int g = 0;
         while (g < ng && gj[g] != j)
             g++;
@@ -335,6 +450,7 @@ static void s_dispatch_kind(broker_t *b, int kind)
             j->ready_exec--;
         }
     }
+    s_unblock(b);
     if (!ng)
         return;
     broker_args_reset(b->args, "lease");
@@ -371,7 +487,7 @@ static void s_dispatch_kind(broker_t *b, int kind)
         if (!s_unit_from(units, i * 9, &x))
             continue;
         broker_job_t *job = zhashx_lookup(b->jobs, x.job);
-        broker_worker_t *w = s_pick_worker(b, wk);
+        broker_worker_t *w = s_pick_worker(b, wk, job);
         const char *why = "no worker with credit";
         uint32_t n_samples = 0;
         int rc = w ? s_send_unit(b, w, job, &x, &n_samples, &why) : -EAGAIN;
@@ -601,6 +717,70 @@ void broker_on_unit_failed(broker_t *b, broker_worker_t *w, Anvil__UnitFailed *r
     broker_release(b, ids, 1, true, !retryable, r->error ? r->error : "unit failed");
 }
 
+/* The arguments of one "complete" call for pending[from .. from+k): results grouped by (job,
+   kind), in arrival order within a group. Returns false when memory ran out. */
+static bool s_complete_args(broker_t *b, size_t from, size_t k)
+{
+    size_t *next = malloc(k * sizeof *next), *head = malloc(k * sizeof *head);
+    size_t *tail = malloc(k * sizeof *tail), *count = malloc(k * sizeof *count);
+    zhashx_t *by = zhashx_new();
+    size_t ng = 0, last = SIZE_MAX;
+    bool ok = next && head && tail && count && by;
+    for (size_t i = 0; ok && i < k; i++) {
+        const broker_pending_t *p = &b->pending[from + i];
+        char key[ANV_ID_SIZE + 2];
+        key[0] = p->kind;
+        memcpy(key + 1, p->job_id, ANV_ID_SIZE);
+        size_t g;
+        if (last != SIZE_MAX && b->pending[from + head[last]].kind == p->kind &&
+            !strcmp(b->pending[from + head[last]].job_id, p->job_id)) {
+            g = last; /* results come in runs of one job */
+        } else {
+            uintptr_t v = (uintptr_t)zhashx_lookup(by, key);
+            if (v) {
+                g = v - 1;
+            } else {
+                g = ng++;
+                head[g] = i;
+                tail[g] = SIZE_MAX;
+                count[g] = 0;
+                zhashx_insert(by, key, (void *)(uintptr_t)(g + 1));
+            }
+        }
+        next[i] = SIZE_MAX;
+        if (tail[g] != SIZE_MAX)
+            next[tail[g]] = i;
+        tail[g] = i;
+        count[g]++;
+        last = g;
+    }
+    if (ok) {
+        broker_args_reset(b->args, "complete");
+        broker_args_int(b->args, anv_wall_ms());
+        broker_args_int(b->args, (int64_t)ng);
+        for (size_t g = 0; g < ng; g++) {
+            const broker_pending_t *h = &b->pending[from + head[g]];
+            broker_args_str(b->args, h->job_id);
+            broker_args_str(b->args, h->kind == 'g' ? "g" : "e");
+            broker_args_int(b->args, (int64_t)count[g]);
+            for (size_t i = head[g]; i != SIZE_MAX; i = next[i]) {
+                const broker_pending_t *p = &b->pending[from + i];
+                broker_args_int(b->args, (int64_t)p->task);
+                broker_args_int(b->args, p->sample);
+                broker_args_str(b->args, p->last ? p->lease_id : "");
+                broker_args_bin(b->args, p->payload, p->len);
+                broker_args_str(b->args, p->info);
+            }
+        }
+    }
+    zhashx_destroy(&by);
+    free(next);
+    free(head);
+    free(tail);
+    free(count);
+    return ok && broker_args_ok(b->args);
+}
+
 int broker_commit(broker_t *b)
 {
     if (!b->n_pending)
@@ -613,22 +793,8 @@ int broker_commit(broker_t *b)
         size_t k = b->n_pending - done;
         if (k > (size_t)b->cfg.batch)
             k = (size_t)b->cfg.batch;
-        broker_args_reset(b->args, "complete");
-        broker_args_int(b->args, anv_wall_ms());
-        broker_args_int(b->args, (int64_t)k);
-        for (size_t i = done; i < done + k; i++) {
-            broker_pending_t *p = &b->pending[i];
-            broker_args_str(b->args, p->kind == 'g' ? "g" : "e");
-            broker_args_str(b->args, p->job_id);
-            broker_args_int(b->args, (int64_t)p->task);
-            broker_args_int(b->args, p->sample);
-            broker_args_str(b->args, p->lease_id);
-            broker_args_str(b->args, p->last ? "1" : "0");
-            broker_args_bin(b->args, p->payload, p->len);
-            broker_args_str(b->args, p->info);
-        }
         redisReply *r = NULL;
-        rc = broker_store_call(b->store, b->args, &r);
+        rc = s_complete_args(b, done, k) ? broker_store_call(b->store, b->args, &r) : -ENOMEM;
         if (rc != 0) {
             b->m.commit_retries++;
             broker_redis_failed(b, "commit");
@@ -642,16 +808,23 @@ int broker_commit(broker_t *b)
                                  (uint64_t)broker_reply_int(r, 2, 0);
         for (size_t i = 3; i < r->elements; i++) {
             const redisReply *e = r->element[i];
-            broker_job_t *j = zhashx_lookup(b->jobs, broker_reply_str(e, 0, NULL));
-            if (!j)
-                continue;
-            j->ready_exec += broker_reply_int(e, 2, 0);
-            if (broker_reply_int(e, 1, 0) == 1) {
-                j->live = false;
+            const char *jid = broker_reply_str(e, 0, NULL);
+            broker_job_t *j = zhashx_lookup(b->jobs, jid);
+            bool fin = broker_reply_int(e, 1, 0) == 1;
+            if (fin) {
                 b->m.jobs_done++;
-                ANV_JINFO(j->id, "job done");
+                ANV_JINFO(jid, "job done");
             }
-            broker_clients_on_job_events(b, j->id);
+            b->m.samples_generated += (uint64_t)broker_reply_int(e, 3, 0);
+            b->m.tokens_generated += (uint64_t)broker_reply_int(e, 4, 0);
+            b->m.evals_done += (uint64_t)broker_reply_int(e, 5, 0);
+            b->m.evals_correct += (uint64_t)broker_reply_int(e, 6, 0);
+            if (j) {
+                j->ready_exec += broker_reply_int(e, 2, 0);
+                if (fin)
+                    j->live = false;
+            }
+            broker_clients_on_job_events(b, jid);
         }
         freeReplyObject(r);
         for (size_t i = done; i < done + k; i++)
@@ -667,6 +840,7 @@ int broker_commit(broker_t *b)
 
 void broker_hist_add(broker_hist_t *h, int64_t us)
 {
+    h->sum_us += us > 0 ? (double)us : 0;
     int k = 0;
     while (us > 1 && k < BROKER_HIST_BUCKETS - 1) {
         us >>= 1;

@@ -34,6 +34,10 @@ typedef struct broker_job_t {
     bool live;                /* queued or running: may dispatch */
     uint32_t max_tokens;      /* per sample, for load estimates */
     int64_t created_ms;
+    uint32_t xkinds;          /* task kinds in the job (1 << Anvil__TaskKind): exec matching */
+    uint8_t *sampling_pb;     /* spec->sampling packed (len 0 when none), for broker_wire */
+    size_t sampling_len;
+    bool blocked;             /* no fitting worker has credit left (this dispatch round) */
 } broker_job_t;
 
 typedef struct broker_worker_t {
@@ -45,10 +49,15 @@ typedef struct broker_worker_t {
     int32_t gpu_index;
     uint64_t weight_version, kv_tokens, incarnation;
     uint32_t slots;           /* credit: units it may hold at once */
+    uint32_t kinds;           /* exec: task kinds it can score (1 << kind); 0 = every kind */
+    uint32_t round_credit;    /* credit not yet promised in the current dispatch round */
     uint32_t in_flight;
     uint64_t outstanding_tokens;
     int64_t last_seen_ms;
     broker_lease_t *leases;   /* doubly linked list of held leases */
+    /* what its last heartbeat reported (counters since the worker started) */
+    uint64_t hb_tokens, hb_evals, hb_free_kv;
+    bool hb_has_free_kv;
 } broker_worker_t;
 
 struct broker_lease_t {
@@ -92,6 +101,7 @@ typedef struct {
 typedef struct {
     uint64_t n[BROKER_HIST_BUCKETS]; /* bucket k: [2^k, 2^(k+1)) microseconds */
     uint64_t count;
+    double sum_us;
 } broker_hist_t;
 
 typedef struct {
@@ -103,6 +113,8 @@ typedef struct {
     uint64_t jobs_submitted, tasks_accepted, tasks_skipped, jobs_done, jobs_cancelled;
     uint64_t client_requests, client_errors, client_unhandled, worker_unhandled;
     uint64_t redis_errors, commit_retries, cancels_sent, weights_updates;
+    uint64_t samples_generated, tokens_generated, evals_done, evals_correct; /* recorded */
+    uint64_t http_requests;
     broker_hist_t unit_rtt;   /* lease sent -> last result received */
 } broker_metrics_t;
 
@@ -137,6 +149,12 @@ struct broker_t {
     broker_metrics_t m;
     anv_msg_stats_t st_clients, st_workers;
     int64_t started_ms;
+    struct broker_http_t *http; /* NULL unless --metrics-endpoint */
+    struct {
+        int64_t at_ms;          /* when the counters below were taken */
+        uint64_t tokens, evals, results;
+        double tokens_per_s, evals_per_min, results_per_s;
+    } rate;
 };
 
 /* broker_sched.c */
@@ -159,6 +177,12 @@ void broker_workers_on_message(broker_t *b, zframe_t *identity, Anvil__Envelope 
 void broker_workers_tick(broker_t *b, int64_t now_ms);
 void broker_worker_destroy(broker_worker_t **self_p);
 uint32_t broker_worker_credit(const broker_worker_t *w);
+/* True when worker w may run units of job j (may be NULL: any job): a gen worker must serve the
+   model the job names (if it names one), an exec worker must score every task kind the job
+   has (if it lists kinds at all). Capability names of the kinds: broker_kind_capability(). */
+bool broker_worker_fits(const broker_worker_t *w, const broker_job_t *j);
+/* "kernelbench", "tritonbench-g", "tritonbench-t" for the task kinds, NULL for others */
+const char *broker_kind_capability(int kind);
 /* Attaches or detaches a lease from its worker, keeping in_flight and load in step. */
 void broker_lease_attach(broker_lease_t *l, broker_worker_t *w);
 void broker_lease_detach(broker_lease_t *l);
@@ -168,6 +192,9 @@ void broker_lease_forget(broker_t *b, broker_lease_t *l);
 void broker_worker_release_all(broker_t *b, broker_worker_t *w, bool penalty, const char *why);
 void broker_worker_remove(broker_t *b, broker_worker_t *w);
 int broker_send_worker(broker_t *b, broker_worker_t *w, Anvil__Envelope *env);
+/* Sends an already packed envelope (takes ownership of buf, freed in any case). Same returns
+   and counters as broker_send_worker. */
+int broker_send_worker_raw(broker_t *b, broker_worker_t *w, uint8_t *buf, size_t len);
 
 /* broker_dispatch.c */
 void broker_dispatch(broker_t *b);
@@ -179,6 +206,9 @@ int broker_commit(broker_t *b);
 /* Releases leases in Redis (ids borrowed). Returns 0 or an ANV_E* code. */
 int broker_release(broker_t *b, const char *const *ids, size_t n, bool penalty, bool fatal,
                    const char *why);
+/* Handles the {jobs with new events} {jobs that became done} lists at r->element[at], at+1 of
+   a release or expire reply: counts finished jobs and answers their watchers. */
+void broker_on_released(broker_t *b, const redisReply *r, size_t at);
 /* Parses "g.job.task.att.seq" / "e.job.task.sample.att.seq". */
 bool broker_lease_parse(const char *id, char *kind, char job[ANV_ID_SIZE], uint64_t *task,
                         uint32_t *sample, uint32_t *attempt);
@@ -191,6 +221,17 @@ void broker_clients_tick(broker_t *b, int64_t now_ms);
 void broker_clients_on_job_events(broker_t *b, const char *job_id);
 void broker_clients_on_weights_loaded(broker_t *b, broker_worker_t *w, Anvil__WeightsLoaded *wl);
 void broker_clients_watch_destructor(zlistx_t *list);
+/* Fills st from the job's hash (strings point into *h, which the caller frees). Returns 0,
+   ANV_ENOTFOUND or ANV_EREDIS. */
+int broker_clients_job_status(broker_t *b, const char *job_id, Anvil__JobStatus *st,
+                              redisReply **h);
+
+/* broker_observe.c: the Prometheus text and the status JSON, rebuilt every tick */
+void broker_observe_tick(broker_t *b, int64_t now_ms);
+/* Prometheus text of the broker's state (malloc'ed, *len set). */
+char *broker_observe_metrics(broker_t *b, size_t *len);
+/* The status JSON (malloc'ed, *len set); reads the recent jobs from Redis. */
+char *broker_observe_status(broker_t *b, size_t *len);
 
 void broker_hist_add(broker_hist_t *h, int64_t us);
 double broker_hist_quantile(const broker_hist_t *h, double q);

@@ -28,6 +28,15 @@ broker_job_t *broker_job_new(const char *id, Anvil__JobSpec *spec, int priority)
     if (spec && spec->sampling && spec->sampling->has_max_tokens && spec->sampling->max_tokens)
         j->max_tokens = spec->sampling->max_tokens;
     j->created_ms = anv_id_time_ms(id);
+    j->sampling_len = spec && spec->sampling ? anvil__sampling_params__get_packed_size(spec->sampling)
+                                             : 0;
+    j->sampling_pb = malloc(j->sampling_len ? j->sampling_len : 1);
+    if (!j->sampling_pb) {
+        free(j);
+        return NULL;
+    }
+    if (j->sampling_len)
+        anvil__sampling_params__pack(spec->sampling, j->sampling_pb);
     return j;
 }
 
@@ -37,6 +46,7 @@ void broker_job_destroy(broker_job_t **self_p)
         return;
     if ((*self_p)->spec)
         anvil__job_spec__free_unpacked((*self_p)->spec, NULL);
+    free((*self_p)->sampling_pb);
     free(*self_p);
     *self_p = NULL;
 }
@@ -62,7 +72,7 @@ broker_job_t *broker_sched_pick(broker_t *b, int kind)
 {
     broker_job_t *best = NULL;
     for (broker_job_t *j = zhashx_first(b->jobs); j; j = zhashx_next(b->jobs)) {
-        if (broker_job_ready(j, kind) <= 0)
+        if (j->blocked || broker_job_ready(j, kind) <= 0)
             continue;
         if (j->pass[kind] < b->vtime[kind])
             j->pass[kind] = b->vtime[kind];
@@ -148,6 +158,7 @@ int broker_sched_load(broker_t *b, const char *only)
         j->ready_fresh = tasks > cursor ? tasks - cursor : 0;
         j->ready_retry = broker_reply_int(e, 7, 0);
         j->ready_exec = broker_reply_int(e, 8, 0);
+        j->xkinds = (uint32_t)broker_reply_int(e, 10, 0);
         if (fresh)
             zhashx_insert(b->jobs, j->id, j);
         loaded++;

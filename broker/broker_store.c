@@ -2,10 +2,10 @@
 
     The script text comes from broker_lua.c (generated from broker.lua by CMake). Calls go
     through anv_redis, which reconnects once on an I/O error; a repeated call is harmless for
-    every operation because each one is idempotent or guarded (results by HSETNX, chunks by
-    their key; a repeated lease only leaves leases that expire and are re-dispatched).
-    Integer arguments are formatted into fixed-size slots of a chunked arena, so pointers
-    handed to hiredis stay valid while more arguments are added.
+    every operation because each one is idempotent or guarded (results by an existence check,
+    chunks by their key; a repeated lease only leaves leases that expire and are re-dispatched).
+    Script calls are built directly in the Redis protocol (see broker_args_t) and sent as one
+    buffer, so nothing is formatted per argument twice.
 */
 #include "broker_store.h"
 #include "anv_error.h"
@@ -22,15 +22,18 @@
 
 extern const char broker_lua_text[];
 
-#define S_NUM_SLOT 24
-#define S_NUM_BLOCK 4096 /* slots per arena block */
+/* An argument vector is built directly in the Redis protocol (RESP): the call sends the
+   buffer as it is, with no per-argument formatting by hiredis. The first S_HEAD bytes are kept
+   free for the "*<argc>" header, written right-aligned at call time; the sha of EVALSHA sits
+   at a fixed place and is filled in then too. */
+#define S_HEAD 24
 
 struct broker_args_t {
-    const char **argv;
-    size_t *lens;
-    int argc, cap;
-    char **blocks;       /* arena of integer slots */
-    int n_blocks, cap_blocks, used; /* `used` slots in the last block */
+    char *buf;
+    size_t len, cap;
+    int argc;
+    size_t sha_at;       /* offset of the 40 sha bytes */
+    char op[16];
     bool oom;
 };
 
@@ -58,49 +61,74 @@ void broker_args_destroy(broker_args_t **self_p)
 {
     if (!self_p || !*self_p)
         return;
-    broker_args_t *a = *self_p;
-    for (int i = 0; i < a->n_blocks; i++)
-        free(a->blocks[i]);
-    free(a->blocks);
-    free(a->argv);
-    free(a->lens);
-    free(a);
+    free((*self_p)->buf);
+    free(*self_p);
     *self_p = NULL;
 }
 
-static void s_push(broker_args_t *a, const char *p, size_t len)
+static bool s_room(broker_args_t *a, size_t more)
 {
     if (a->oom)
-        return;
-    if (a->argc == a->cap) {
-        int cap = a->cap ? a->cap * 2 : 256;
-        const char **argv = realloc(a->argv, (size_t)cap * sizeof *argv);
-        if (argv)
-            a->argv = argv;
-        size_t *lens = argv ? realloc(a->lens, (size_t)cap * sizeof *lens) : NULL;
-        if (!argv || !lens) {
-            a->oom = true;
-            return;
-        }
-        a->lens = lens;
-        a->cap = cap;
+        return false;
+    if (a->len + more <= a->cap)
+        return true;
+    size_t cap = a->cap ? a->cap : 65536;
+    while (cap < a->len + more)
+        cap *= 2;
+    char *p = realloc(a->buf, cap);
+    if (!p) {
+        a->oom = true;
+        return false;
     }
-    a->argv[a->argc] = p;
-    a->lens[a->argc] = len;
+    a->buf = p;
+    a->cap = cap;
+    return true;
+}
+
+/* writes v in decimal at p; returns the number of bytes */
+static size_t s_u64(char *p, uint64_t v)
+{
+    char tmp[24];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++)
+        p[i] = tmp[n - 1 - i];
+    return n;
+}
+
+static void s_push(broker_args_t *a, const void *p, size_t len)
+{
+    if (!s_room(a, len + 26))
+        return;
+    char *w = a->buf + a->len;
+    *w++ = '$';
+    w += s_u64(w, len);
+    *w++ = '\r';
+    *w++ = '\n';
+    if (len)
+        memcpy(w, p, len);
+    w += len;
+    *w++ = '\r';
+    *w++ = '\n';
+    a->len = (size_t)(w - a->buf);
     a->argc++;
 }
 
 void broker_args_reset(broker_args_t *self, const char *op)
 {
+    self->len = 0;
     self->argc = 0;
     self->oom = false;
-    /* keep the first block, free the rest */
-    for (int i = 1; i < self->n_blocks; i++)
-        free(self->blocks[i]);
-    self->n_blocks = self->n_blocks ? 1 : 0;
-    self->used = 0;
+    snprintf(self->op, sizeof self->op, "%s", op);
+    if (!s_room(self, S_HEAD))
+        return;
+    self->len = S_HEAD;
     s_push(self, "EVALSHA", 7);
-    s_push(self, "", 0); /* the sha, filled in at call time */
+    self->sha_at = self->len + 5; /* after "$40\r\n" */
+    s_push(self, "0000000000000000000000000000000000000000", 40);
     s_push(self, "0", 1);
     s_push(self, op, strlen(op));
 }
@@ -118,30 +146,15 @@ void broker_args_bin(broker_args_t *self, const void *p, size_t len)
 
 void broker_args_int(broker_args_t *self, int64_t v)
 {
-    if (self->oom)
-        return;
-    if (self->n_blocks == 0 || self->used == S_NUM_BLOCK) {
-        if (self->n_blocks == self->cap_blocks) {
-            int cap = self->cap_blocks ? self->cap_blocks * 2 : 8;
-            char **b = realloc(self->blocks, (size_t)cap * sizeof *b);
-            if (!b) {
-                self->oom = true;
-                return;
-            }
-            self->blocks = b;
-            self->cap_blocks = cap;
-        }
-        char *blk = malloc((size_t)S_NUM_BLOCK * S_NUM_SLOT);
-        if (!blk) {
-            self->oom = true;
-            return;
-        }
-        self->blocks[self->n_blocks++] = blk;
-        self->used = 0;
+    char tmp[24];
+    size_t n = 0;
+    if (v < 0) {
+        tmp[n++] = '-';
+        n += s_u64(tmp + n, (uint64_t)0 - (uint64_t)v);
+    } else {
+        n = s_u64(tmp, (uint64_t)v);
     }
-    char *slot = self->blocks[self->n_blocks - 1] + (size_t)self->used++ * S_NUM_SLOT;
-    int n = snprintf(slot, S_NUM_SLOT, "%" PRId64, v);
-    s_push(self, slot, (size_t)n);
+    s_push(self, tmp, n);
 }
 
 int broker_args_count(const broker_args_t *self)
@@ -152,6 +165,21 @@ int broker_args_count(const broker_args_t *self)
 bool broker_args_ok(const broker_args_t *self)
 {
     return !self->oom;
+}
+
+/* the finished command: header written in front of the arguments; returns its start */
+static const char *s_finish(broker_args_t *a, const char *sha, size_t *len)
+{
+    char head[S_HEAD];
+    size_t n = 0;
+    head[n++] = '*';
+    n += s_u64(head + n, (uint64_t)a->argc);
+    head[n++] = '\r';
+    head[n++] = '\n';
+    memcpy(a->buf + S_HEAD - n, head, n);
+    memcpy(a->buf + a->sha_at, sha, 40);
+    *len = a->len - (S_HEAD - n);
+    return a->buf + S_HEAD - n;
 }
 
 static void s_fail(broker_store_t *self, int code, const char *msg)
@@ -245,6 +273,27 @@ void broker_store_log_ops(const broker_store_t *self)
     ANV_INFO("redis script calls (op=calls/round-trip time):%s", line);
 }
 
+/* sends a finished RESP command and reads its reply; reconnects once on an I/O error */
+static redisReply *s_send_raw(broker_store_t *self, const char *cmd, size_t len)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!anv_redis_connected(self->redis) && anv_redis_connect(self->redis) != 0)
+            continue;
+        redisContext *ctx = anv_redis_context(self->redis);
+        void *r = NULL;
+        if (ctx && redisAppendFormattedCommand(ctx, cmd, len) == REDIS_OK &&
+            redisGetReply(ctx, &r) == REDIS_OK && r)
+            return r;
+        /* the connection failed mid-call: the next attempt runs on a new one */
+        s_fail(self, ANV_EREDIS, ctx && ctx->errstr[0] ? ctx->errstr : "redis connection lost");
+        if (anv_redis_connect(self->redis) != 0)
+            break;
+    }
+    if (!anv_redis_connected(self->redis))
+        s_fail(self, ANV_EREDIS, anv_redis_errstr(self->redis));
+    return NULL;
+}
+
 int broker_store_call(broker_store_t *self, broker_args_t *args, redisReply **out)
 {
     if (out)
@@ -256,16 +305,14 @@ int broker_store_call(broker_store_t *self, broker_args_t *args, redisReply **ou
     for (int attempt = 0; attempt < 2; attempt++) {
         if (!self->loaded && s_load(self) != 0)
             return ANV_EREDIS;
-        args->argv[1] = self->sha;
-        args->lens[1] = 40;
+        size_t len;
+        const char *cmd = s_finish(args, self->sha, &len);
         self->calls++;
         int64_t t0 = anv_now_ns();
-        redisReply *r = anv_redis_commandv(self->redis, args->argc, args->argv, args->lens);
-        s_account(self, args->argv[3], args->lens[3], anv_now_ns() - t0);
-        if (!r) {
-            s_fail(self, ANV_EREDIS, anv_redis_errstr(self->redis));
+        redisReply *r = s_send_raw(self, cmd, len);
+        s_account(self, args->op, strlen(args->op), anv_now_ns() - t0);
+        if (!r)
             return ANV_EREDIS;
-        }
         if (r->type == REDIS_REPLY_ERROR) {
             if (!strncmp(r->str, "NOSCRIPT", 8)) {
                 freeReplyObject(r);

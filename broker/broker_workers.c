@@ -53,6 +53,54 @@ uint32_t broker_worker_credit(const broker_worker_t *w)
     return w->slots > w->in_flight ? w->slots - w->in_flight : 0;
 }
 
+const char *broker_kind_capability(int kind)
+{
+    switch (kind) {
+    case ANVIL__TASK_KIND__TASK_KIND_KERNELBENCH:
+        return "kernelbench";
+    case ANVIL__TASK_KIND__TASK_KIND_TRITONBENCH_G:
+        return "tritonbench-g";
+    case ANVIL__TASK_KIND__TASK_KIND_TRITONBENCH_T:
+        return "tritonbench-t";
+    default:
+        return NULL;
+    }
+}
+
+/* the last part of a path without trailing slashes: its start and length */
+static size_t s_base(const char *path, const char **start)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/')
+        b--;
+    *start = path + b;
+    return n - b;
+}
+
+/* a job's model names the worker's: equal, or equal last parts (a name vs a checkpoint dir) */
+static bool s_model_matches(const char *want, const char *have)
+{
+    if (!want || !want[0])
+        return true;
+    if (!strcmp(want, have))
+        return true;
+    const char *a, *b;
+    size_t na = s_base(want, &a), nb = s_base(have, &b);
+    return na && na == nb && !memcmp(a, b, na);
+}
+
+bool broker_worker_fits(const broker_worker_t *w, const broker_job_t *j)
+{
+    if (!j)
+        return true;
+    if (w->kind == ANVIL__WORKER_KIND__WORKER_GEN)
+        return !j->spec || s_model_matches(j->spec->model, w->model);
+    return w->kinds == 0 || (j->xkinds & ~1u & ~w->kinds) == 0;
+}
+
 void broker_lease_attach(broker_lease_t *l, broker_worker_t *w)
 {
     l->worker = w;
@@ -131,9 +179,40 @@ void broker_worker_remove(broker_t *b, broker_worker_t *w)
     zhashx_delete(b->by_ident, w->ident_key); /* destroys w */
 }
 
-int broker_send_worker(broker_t *b, broker_worker_t *w, Anvil__Envelope *env)
+static void s_free_buf(void *data, void *hint)
 {
-    int rc = anv_msg_send(b->workers_sock, w->identity, env, &b->st_workers);
+    (void)hint;
+    free(data);
+}
+
+int broker_send_worker_raw(broker_t *b, broker_worker_t *w, uint8_t *buf, size_t len)
+{
+    /* as anv_msg_send: identity frame, then the message, both non-blocking (ROUTER_MANDATORY
+       makes an unroutable or full peer an error on the identity frame) */
+    void *zs = zsock_resolve(b->workers_sock);
+    int rc = 0;
+    if (zmq_send(zs, zframe_data(w->identity), zframe_size(w->identity),
+                 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        rc = -errno;
+    if (rc == 0) {
+        zmq_msg_t msg;
+        zmq_msg_init_data(&msg, buf, len, s_free_buf, NULL);
+        buf = NULL;
+        if (zmq_msg_send(&msg, zs, ZMQ_DONTWAIT) < 0) {
+            rc = -errno;
+            zmq_msg_close(&msg);
+        }
+    }
+    free(buf);
+    anv_msg_stats_t *st = &b->st_workers;
+    if (rc == 0)
+        st->sent++;
+    else if (rc == -EAGAIN)
+        st->send_again++;
+    else if (rc == -EHOSTUNREACH)
+        st->send_unroutable++;
+    else
+        st->send_failed++;
     if (rc == -EHOSTUNREACH) {
         /* its connection is gone: reap it on the next tick, re-dispatching its units */
         if (w->last_seen_ms != INT64_MIN)
@@ -141,6 +220,18 @@ int broker_send_worker(broker_t *b, broker_worker_t *w, Anvil__Envelope *env)
         w->last_seen_ms = INT64_MIN;
     }
     return rc;
+}
+
+int broker_send_worker(broker_t *b, broker_worker_t *w, Anvil__Envelope *env)
+{
+    env->version = ANVIL_PROTOCOL_VERSION;
+    size_t len;
+    uint8_t *buf = anv_msg_encode(env, &len);
+    if (!buf) {
+        b->st_workers.send_failed++;
+        return -ENOMEM;
+    }
+    return broker_send_worker_raw(b, w, buf, len);
 }
 
 static void s_send_disconnect(broker_t *b, zframe_t *identity, const char *reason)
@@ -223,6 +314,11 @@ static void s_on_ready(broker_t *b, zframe_t *identity, const char *key, Anvil__
     w->gpu_index = r->has_gpu_index ? r->gpu_index : -1;
     w->weight_version = r->weight_version;
     w->kv_tokens = r->kv_tokens;
+    w->kinds = 0;
+    for (size_t i = 0; i < r->n_capabilities; i++)
+        for (int k = 1; k < 32 && r->capabilities[i]; k++)
+            if (broker_kind_capability(k) && !strcmp(r->capabilities[i], broker_kind_capability(k)))
+                w->kinds |= 1u << k;
     w->slots = r->has_slots ? r->slots : 1;
     if (w->slots > 100000)
         w->slots = 100000;
@@ -317,6 +413,14 @@ static void s_on_heartbeat(broker_t *b, broker_worker_t *w, Anvil__Heartbeat *hb
     }
     if (hb->has_weight_version)
         w->weight_version = hb->weight_version;
+    if (hb->has_tokens_generated)
+        w->hb_tokens = hb->tokens_generated;
+    if (hb->has_evals_done)
+        w->hb_evals = hb->evals_done;
+    if (hb->has_free_kv_tokens) {
+        w->hb_free_kv = hb->free_kv_tokens;
+        w->hb_has_free_kv = true;
+    }
     free(unknown);
     zhashx_destroy(&listed);
 }

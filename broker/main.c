@@ -15,7 +15,7 @@
 int main(int argc, char **argv)
 {
     char *client_ep = NULL, *worker_ep = NULL, *redis_url = NULL, *durability = NULL;
-    char *log_level = NULL;
+    char *log_level = NULL, *metrics_ep = NULL;
     bool log_json = false;
     int64_t lease_ms, max_attempts, hb_ms, hb_misses, batch, redis_timeout, max_msg;
     const anv_cfg_opt_t opts[] = {
@@ -42,6 +42,9 @@ int main(int argc, char **argv)
          false},
         {"max-msg", ANV_CFG_INT, "67108864", 1024, 1073741824, "largest message in bytes",
          &max_msg, false},
+        {"metrics-endpoint", ANV_CFG_STR, "", 0, -1,
+         "HOST:PORT for /metrics (Prometheus), /api/status and the status page; empty = off",
+         &metrics_ep, false},
         {"log-level", ANV_CFG_STR, "info", 0, -1, "error|warn|info|debug|trace", &log_level,
          false},
         {"log-json", ANV_CFG_BOOL, "false", 0, -1, "JSON log lines", &log_json, false},
@@ -87,6 +90,7 @@ int main(int argc, char **argv)
         .strict = !strcmp(durability, "strict"),
         .batch = batch,
         .max_msg = max_msg,
+        .metrics_endpoint = metrics_ep,
     };
     b = broker_new(&cfg);
     if (!b)

@@ -251,7 +251,6 @@ static void s_from_broker(broker_client_t *c, s_conn_t *k)
 static bool s_from_app(broker_client_t *c, s_conn_t *k)
 {
     for (int i = 0; i < 1000; i++) {
-        zframe_t *f = NULL;
         zmq_msg_t m;
         zmq_msg_init(&m);
         if (zmq_msg_recv(&m, zsock_resolve(c->up_thr), ZMQ_DONTWAIT) < 0) {
@@ -262,7 +261,13 @@ static bool s_from_app(broker_client_t *c, s_conn_t *k)
             zmq_msg_close(&m);
             return false;
         }
-        f = zframe_new(zmq_msg_data(&m), zmq_msg_size(&m));
+        /* in order: straight to the broker unless older messages are still waiting */
+        if (k->dealer && zlistx_size(k->queue) == 0 &&
+            zmq_msg_send(&m, zsock_resolve(k->dealer), ZMQ_DONTWAIT) >= 0) {
+            c->msg.sent++;
+            continue; /* zmq_msg_send took the message */
+        }
+        zframe_t *f = zframe_new(zmq_msg_data(&m), zmq_msg_size(&m));
         zmq_msg_close(&m);
         if (f)
             zlistx_add_end(k->queue, f);
@@ -459,6 +464,18 @@ Anvil__Envelope *broker_client_recv(broker_client_t *self, int timeout_ms)
     zmq_pollitem_t it = {zsock_resolve(self->down_app), 0, ZMQ_POLLIN, 0};
     int64_t until = anv_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     for (;;) {
+        /* a message already waiting needs no poll (one system call less per unit) */
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, it.socket, ZMQ_DONTWAIT) >= 0) {
+            int err;
+            Anvil__Envelope *env = anv_msg_decode(zmq_msg_data(&m), zmq_msg_size(&m), 0, &err);
+            zmq_msg_close(&m);
+            if (env)
+                return env;
+            continue;
+        }
+        zmq_msg_close(&m);
         long t = timeout_ms < 0 ? -1 : (long)(until - anv_now_ms());
         if (t < -1 || (timeout_ms >= 0 && t < 0))
             t = 0;
@@ -470,17 +487,6 @@ Anvil__Envelope *broker_client_recv(broker_client_t *self, int timeout_ms)
         }
         if (rc <= 0)
             return NULL;
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, it.socket, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m);
-            return NULL;
-        }
-        int err;
-        Anvil__Envelope *env = anv_msg_decode(zmq_msg_data(&m), zmq_msg_size(&m), 0, &err);
-        zmq_msg_close(&m);
-        if (env)
-            return env;
     }
 }
 

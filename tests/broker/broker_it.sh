@@ -3,7 +3,8 @@
 # the real broker and real worker processes built on anvil_broker_client (broker_test_worker),
 # driven by broker_test_client. Assertions are on what lands in Redis and what the client
 # prints. Scenarios: basic score resubmit watch worker_kill broker_kill redis_restart cancel
-# priority fair_share dead_letter garbage weights.
+# priority fair_share dead_letter retry_failed matching http_metrics status_page garbage
+# weights.
 set -euo pipefail
 scenario=${1:?usage: broker_it.sh SCENARIO}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,10 +36,13 @@ fail() { echo "FAIL [$scenario]: $*"; exit 1; }
 pass() { echo "PASS [$scenario]: $*"; }
 
 pick_port() { # a free loopback port, not one of those already picked
-    local p
+    # Below the kernel's ephemeral range, so that no outgoing connection (which takes a local
+    # port from that range without listening) can hold it; any socket on it counts as taken.
+    local p lo
+    lo=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
     while :; do
-        p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
-        ss -Htln 2>/dev/null | awk '{print $4}' | grep -q ":$p\$" && continue
+        p=$(( 10000 + (RANDOM * 32768 + RANDOM) % (lo - 10000) ))
+        ss -Htan 2>/dev/null | awk '{print $4}' | grep -q ":$p\$" && continue
         [[ " ${PICKED:-} " == *" $p "* ]] && continue
         PICKED="${PICKED:-} $p"
         echo $p
@@ -94,7 +98,7 @@ units_of() { grep -c "^unit " "$D/$1.units" 2>/dev/null || echo 0; }
 # every sample recorded exactly once: results pages, the Redis hash and the counters agree
 exactly_once() { # job expected
     local out st
-    out=$(client results "$1") || fail "results of $1: $out"
+    out=$(client results "$1" --page 7) || fail "results of $1: $out" # pages end inside list events
     [ "$out" = "results $2 unique $2 duplicates 0 errors 0 correct $(awk '{print $10}' <<<"$out")" ] ||
         fail "results of $1: '$out', want $2 unique"
     [ "$(rc hlen "anv:job:$1:res")" = "$2" ] || fail "anv:job:$1:res has $(rc hlen "anv:job:$1:res"), want $2"
@@ -167,12 +171,20 @@ watch)
     out=$(client watch "$j" --from 0)
     grep -q "^events 1 " <<<"$out" || fail "before work: $out"
     # a long poll parked before any worker exists is answered when events arrive
-    client watch "$j" --from "$(awk '{print $4}' <<<"$out")" --block-ms 20000 >"$D/poll.out" &
+    client watch "$j" --from "$(awk '{print $4}' <<<"$out")" --block-ms 30000 >"$D/poll.out" &
     poll=$!
-    sleep 0.5
+    # the worker starts only once the broker holds the poll (published every heartbeat), so
+    # the poll is answered by new events however slowly the processes start
+    for _ in $(seq 1 400); do
+        [ "$(metric watches_parked)" = 1 ] && break
+        kill -0 $poll 2>/dev/null || break
+        sleep 0.05
+    done
+    [ "$(metric watches_parked)" = 1 ] || fail "the long poll was not parked: $(cat "$D/poll.out")"
+    [ ! -s "$D/poll.out" ] || fail "the long poll was answered before any work: $(cat "$D/poll.out")"
     start_worker w1
     wait "$poll" || fail "long poll failed"
-    grep -Eq "^events [1-9]" "$D/poll.out" || fail "long poll: $(cat "$D/poll.out")"
+    grep -Eq "^events [1-9][0-9]* .* sample=" "$D/poll.out" || fail "long poll: $(cat "$D/poll.out")"
     wait_done "$j"
     out=$(client watch "$j" --from 0)
     grep -q "^events 22 " <<<"$out" || fail "all events: $out"
@@ -180,7 +192,21 @@ watch)
     last=$(awk '{print $4}' <<<"$out")
     out=$(client watch "$j" --from "$last")
     grep -q "^events 0 " <<<"$out" || fail "resume from the last offset: $out"
-    pass "events resumable from an offset; long poll answered on new events"
+    # samples arrive in list events: pages of 3 resume inside them, each event exactly once
+    off=0
+    : >"$D/pages.out"
+    for _ in $(seq 1 30); do
+        client watch "$j" --from "$off" --max-events 3 --list >"$D/page.out"
+        grep "^event " "$D/page.out" >>"$D/pages.out" || true
+        off=$(awk '/^events/{print $4}' "$D/page.out")
+        grep -q "^events 0 " "$D/page.out" && break
+    done
+    grep -q "^event [0-9-]*\.[0-9]* sample" "$D/pages.out" || fail "no offset inside a list event: $(cat "$D/pages.out")"
+    [ "$off" = "$last" ] || fail "paged watch ended at '$off', want '$last'"
+    [ "$(wc -l <"$D/pages.out")" = 22 ] || fail "paged watch saw $(wc -l <"$D/pages.out") events"
+    [ "$(awk '$3 == "sample" {print $4}' "$D/pages.out" | sort -u | wc -l)" = 20 ] ||
+        fail "paged watch: samples not each once: $(cat "$D/pages.out")"
+    pass "events resumable from an offset (also inside list events); long poll answered on new events"
     ;;
 worker_kill)
     start_worker w1 --slots 8 --sleep-ms 20
@@ -289,6 +315,8 @@ dead_letter)
     rc hget "anv:job:$j:dead" 0:1 | grep -q "attempts=3 test worker fails every unit" ||
         fail "last error: $(rc hget "anv:job:$j:dead" 0:1)"
     [ "$(rc zcard anv:deadletter)" = 5 ] || fail "dead-letter set"
+    sleep $(( HB * 2 / 1000 + 1 ))
+    [ "$(metric jobs_done)" = 1 ] || fail "a job finished by dead-lettering not counted: jobs_done=$(metric jobs_done)"
     out=$(client results "$j")
     [ "$out" = "results 10 unique 10 duplicates 0 errors 10 correct 0" ] || fail "$out"
     # put them back with a working worker: they complete
@@ -299,7 +327,167 @@ dead_letter)
     wait_done "$j"
     st=$(status "$j")
     [ "$(field "$st" generated)" = 10 ] && [ "$(field "$st" dead)" = 0 ] || fail "after retry: $st"
+    out=$(client results "$j")
+    [ "$out" = "results 10 unique 10 duplicates 0 errors 0 correct 0" ] ||
+        fail "results after retry still list the dead-lettered attempts: $out"
     pass "dead-lettered after 3 attempts with the last error; retry re-ran them"
+    ;;
+retry_failed)
+    # samples of tasks 0,4,8,.. end in error; exec of tasks 5,10,15 gives no verdict
+    start_worker g1 --error-every 4
+    start_worker x1 --kind exec --error-every 5
+    j=$(submit --tasks 20 --n 2 --score)
+    wait_done "$j"
+    st=$(status "$j")
+    [ "$(field "$st" failed)" = 10 ] && [ "$(field "$st" scored)" = 30 ] &&
+        [ "$(field "$st" correct)" = 24 ] || fail "before retry: $st"
+    { kill -9 "${PIDS[g1]}" "${PIDS[x1]}" && wait "${PIDS[g1]}" "${PIDS[x1]}"; } 2>/dev/null || true
+    out=$(client retry "$j")
+    [ "$out" = "requeued 0" ] || fail "plain retry re-queued errors: $out"
+    start_worker g2
+    start_worker x2 --kind exec
+    out=$(client retry "$j" --failed)
+    [ "$out" = "requeued 11" ] || fail "retry --failed: $out (want 5 gen units + 6 exec units)"
+    wait_done "$j"
+    st=$(status "$j")
+    [ "$(field "$st" failed)" = 0 ] && [ "$(field "$st" generated)" = 40 ] &&
+        [ "$(field "$st" scored)" = 40 ] && [ "$(field "$st" correct)" = 40 ] || fail "after retry: $st"
+    out=$(client results "$j" --page 3)
+    [ "$out" = "results 40 unique 40 duplicates 0 errors 0 correct 40" ] || fail "results after retry: $out"
+    # only what failed ran again: g2 got tasks 0,4,8,12,16, x2 the 6 samples without a verdict
+    [ "$(awk '{print $4}' "$D/g2.units" | sort -n | tr '\n' ' ')" = "0 4 8 12 16 " ] ||
+        fail "gen units after retry: $(awk '{print $4}' "$D/g2.units" | tr '\n' ' ')"
+    [ "$(units_of x2)" = 16 ] || fail "exec units after retry: $(units_of x2) (want 10 new + 6 re-run)"
+    pass "retry --failed re-ran the 10 errored samples and 6 unscored ones, nothing else; results list each sample once"
+    ;;
+matching)
+    start_worker ga --model /models/alpha/
+    start_worker gb --model beta
+    start_worker xk --kind exec --caps kernelbench
+    start_worker xt --kind exec --caps tritonbench-g,tritonbench-t
+    a=$(submit --tasks 30 --model alpha --score --task-kind 2)
+    b=$(submit --tasks 30 --model beta --score --task-kind 1)
+    c=$(submit --tasks 30)
+    wait_done "$a"; wait_done "$b"; wait_done "$c"
+    [ "$(grep -c " $b " "$D/ga.units" || true)" = 0 ] && [ "$(grep -c " $a " "$D/gb.units" || true)" = 0 ] ||
+        fail "a job ran on a worker of another model"
+    [ "$(grep -c " $a " "$D/ga.units")" = 30 ] && [ "$(grep -c " $b " "$D/gb.units")" = 30 ] ||
+        fail "gen units per model"
+    [ "$(( $(grep -c " $c " "$D/ga.units" || true) + $(grep -c " $c " "$D/gb.units" || true) ))" = 30 ] ||
+        fail "the job without a model"
+    [ "$(grep -c " $a " "$D/xt.units")" = 30 ] && [ "$(grep -c " $b " "$D/xk.units")" = 30 ] &&
+        [ "$(grep -c " $a " "$D/xk.units" || true)" = 0 ] || fail "exec units by task kind"
+    # a model nobody serves waits, then runs when such a worker arrives
+    d=$(submit --tasks 10 --model gamma)
+    sleep 1
+    [ "$(field "$(status "$d")" generated)" = 0 ] || fail "gamma job ran without a gamma worker"
+    start_worker gc --model gamma
+    wait_done "$d"
+    [ "$(units_of gc)" = 10 ] || fail "gamma worker got $(units_of gc) units"
+    pass "units went only to workers of the job's model and task kinds; a job waits for its model"
+    ;;
+http_metrics)
+    HP=$(pick_port)
+    kill -9 $BPID; wait $BPID 2>/dev/null || true
+    start_broker --metrics-endpoint "127.0.0.1:$HP"
+    # a client that sends half a request and stalls must not hold up the broker
+    exec 3<>"/dev/tcp/127.0.0.1/$HP"
+    printf 'GET /metrics HTTP/1.1\r\nHost: x\r\n' >&3
+    start_worker g1 --slots 8
+    start_worker x1 --kind exec --slots 8
+    j=$(submit --tasks 50 --score --n 2)
+    wait_done "$j" 30
+    sleep $(( HB * 3 / 1000 + 1 )) # heartbeats reported, a snapshot published
+    get() { curl -s --max-time 5 "http://127.0.0.1:$HP$1"; }
+    m=$(get /metrics) || fail "no /metrics"
+    exec 3>&-
+    # every sample line is "name{labels} value" (Prometheus text format 0.0.4)
+    bad=$(grep -v '^#' <<<"$m" | grep -Ev '^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? -?[0-9.e+-]+$|^$' || true)
+    [ -z "$bad" ] || fail "malformed metric lines: $(head -3 <<<"$bad")"
+    val() { awk -v k="$1" '$1 == k {print $2}' <<<"$m"; }
+    [ "$(val anvil_messages_dropped_total)" = 0 ] || fail "dropped: $(val anvil_messages_dropped_total)"
+    [ "$(val anvil_samples_total)" = 100 ] && [ "$(val anvil_evaluations_total)" = 100 ] &&
+        [ "$(val anvil_evaluations_correct_total)" = 100 ] && [ "$(val anvil_pass_rate)" = 1 ] ||
+        fail "counters: $(grep -E 'samples_total|evaluations' <<<"$m")"
+    [ "$(val anvil_tokens_total)" = 400 ] || fail "tokens: $(val anvil_tokens_total)"
+    [ "$(val 'anvil_workers{kind="gen",state="ready"}')" = 1 ] &&
+        [ "$(val 'anvil_workers{kind="exec",state="ready"}')" = 1 ] || fail "workers by kind and state"
+    [ "$(val 'anvil_queue_ready{stage="gen"}')" = 0 ] && [ "$(val 'anvil_in_flight{stage="exec"}')" = 0 ] ||
+        fail "queue gauges"
+    grep -q '^anvil_worker_tokens_generated{worker="g1",kind="gen",host="[^"]*"} 400$' <<<"$m" ||
+        fail "tokens reported by the worker's heartbeat: $(grep worker_tokens <<<"$m")"
+    grep -q '^anvil_worker_evals_done{worker="x1",kind="exec",host="[^"]*"} 100$' <<<"$m" ||
+        fail "evals reported by the worker's heartbeat: $(grep worker_evals <<<"$m")"
+    # 50 gen units (2 samples each) + 100 exec units
+    [ "$(val anvil_jobs_done_total)" = 1 ] && [ "$(val anvil_unit_round_trip_seconds_count)" = 150 ] ||
+        fail "jobs done / unit round trips"
+    grep -q '^anvil_messages_rejected_total{socket="worker",reason="malformed"} 0$' <<<"$m" ||
+        fail "rejected counters"
+    # hostile bytes are counted as rejected, never as dropped
+    "$CLIENT" garbage --endpoint "$WEP" --count 20 >/dev/null
+    sleep $(( HB * 2 / 1000 + 1 ))
+    m=$(get /metrics)
+    [ "$(awk '$1 ~ /^anvil_messages_rejected_total\{socket="worker"/ {s += $2} END {print s + 0}' <<<"$m")" -ge 20 ] ||
+        fail "garbage not counted: $(grep rejected <<<"$m")"
+    [ "$(val anvil_messages_dropped_total)" = 0 ] || fail "dropped after garbage"
+    st=$(get /api/status)
+    printf '%s' "$st" >"$D/status.json"
+    python3 - "$j" "$D/status.json" <<'PY' || fail "status json: $st"
+import json, sys
+s = json.load(open(sys.argv[2]))
+job = [j for j in s["jobs"] if j["id"] == sys.argv[1]][0]
+assert job["state"] == "done" and job["generated"] == 100 and job["scored"] == 100, job
+assert abs(job["progress"] - 1.0) < 1e-9, job
+assert sorted(w["id"] for w in s["workers"]) == ["g1", "x1"], s["workers"]
+assert s["totals"]["results_recorded"] == 200, s["totals"]
+PY
+    # every metric the Grafana dashboard uses is exported
+    for name in $(grep -o 'anvil_[a-z_]*' "$src/deploy/grafana/anvil.json" | sed 's/_bucket$//' | sort -u); do
+        grep -q "^# TYPE $name " <<<"$m" || fail "dashboard uses $name, which /metrics does not have"
+    done
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$HP/nope")" = 404 ] || fail "unknown path"
+    [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$HP/metrics")" = 405 ] ||
+        fail "POST"
+    pass "metrics in Prometheus format (counters, gauges, per-worker heartbeat values), status JSON, a stalled HTTP client did not hold up the job"
+    ;;
+status_page)
+    CHROME=$(command -v chromium || command -v chromium-browser || true)
+    [ -n "$CHROME" ] || { echo "SKIP: no chromium (apt-get install -y chromium)"; ok=1; exit 77; }
+    HP=$(pick_port)
+    kill -9 $BPID; wait $BPID 2>/dev/null || true
+    start_broker --metrics-endpoint "127.0.0.1:$HP"
+    start_worker page-gen --slots 4
+    start_worker page-exec --kind exec --slots 4
+    j=$(submit --tasks 40 --score --name "page <b>job</b>")
+    wait_done "$j" 30
+    sleep $(( HB * 2 / 1000 + 1 ))
+    # a running job too: held by a slow worker
+    start_worker page-slow --slots 1 --sleep-ms 60000
+    k=$(submit --tasks 3 --name slow-job)
+    sleep $(( HB * 3 / 1000 + 1 ))
+    flags=(--headless --disable-gpu --no-first-run --user-data-dir="$D/chrome" --virtual-time-budget=5000)
+    [ "$(id -u)" = 0 ] && flags+=(--no-sandbox) # chromium refuses to run as root with its sandbox
+    if ! timeout 90 "$CHROME" "${flags[@]}" --dump-dom "http://127.0.0.1:$HP/" >"$D/dom.html" 2>"$D/chrome.log"; then
+        grep -v -i dbus "$D/chrome.log" | tail -5
+        echo "SKIP: chromium cannot run here"; ok=1; exit 77
+    fi
+    dom=$(cat "$D/dom.html")
+    grep -q 'data-loaded="1"' <<<"$dom" || fail "the page did not load /api/status: $(head -c 600 <<<"$dom")"
+    grep -q "<tr data-job=\"$j\" data-state=\"done\" data-generated=\"40\">" <<<"$dom" ||
+        fail "finished job not shown: $(grep -o '<tr data-job[^>]*>' <<<"$dom")"
+    grep -q "<tr data-job=\"$k\" data-state=\"running\"" <<<"$dom" || fail "running job not shown"
+    grep -q 'page &lt;b&gt;job&lt;/b&gt;' <<<"$dom" || fail "job name not shown as text"
+    grep -q '<b>job</b>' <<<"$dom" && fail "job name was parsed as HTML"
+    for w in page-gen page-exec page-slow; do
+        grep -q "<tr data-worker=\"$w\"" <<<"$dom" || fail "worker $w not shown"
+    done
+    grep -q "data-worker=\"page-exec\" data-kind=\"exec\"" <<<"$dom" || fail "worker kind"
+    grep -q '100.0 %' <<<"$dom" || fail "progress of the finished job"
+    if timeout 90 "$CHROME" "${flags[@]}" --screenshot="$D/page.png" --window-size=1200,900 \
+        "http://127.0.0.1:$HP/" >/dev/null 2>&1 && [ -n "${ANVIL_ARTIFACTS_DIR:-}" ]; then
+        cp "$D/page.png" "$ANVIL_ARTIFACTS_DIR/broker_status_page.png"
+    fi
+    pass "headless chromium shows both jobs (done, running) and the 3 workers on the status page"
     ;;
 garbage)
     client garbage --count 200 >/dev/null

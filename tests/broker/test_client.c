@@ -10,13 +10,16 @@
                         dead X"; exit 1 on a duplicate (job, task, sample)
       watch JOB         reads events from --from; prints "events N last OFFSET types ..."
       cancel JOB        prints "cancelled N"
-      retry JOB         prints "requeued N"
+      retry JOB         prints "requeued N" (--failed: also samples that ended in error)
       workers           one line per worker
       weights           UPDATE_WEIGHTS --version V; prints "weights version V workers N"
       garbage           sends hostile bytes to --endpoint (random, empty, truncated, wrong
                         version, multi-frame) --count times each
       bench             submits --tasks tasks and waits, printing tasks/s; then --latency
-                        single-task jobs one at a time, printing p50/p99 submit->result ms
+                        single-task jobs one at a time, printing p50/p99 submit->result ms;
+                        with --latency-log FILE, one line "submit <job> <monotonic ns>" per
+                        latency job (taken just before its submit is sent), so that the
+                        arrival times a worker logs give the dispatch latency
 */
 #include "anv_config.h"
 #include "anv_error.h"
@@ -34,6 +37,7 @@
 static zsock_t *g_sock;
 static uint64_t g_rid;
 static int64_t g_timeout_ms = 15000;
+static bool g_failed_only;   /* retry --failed */
 
 static Anvil__Envelope *s_call(Anvil__Envelope *req)
 {
@@ -69,6 +73,8 @@ typedef struct {
     int64_t tasks, chunk, n, priority, max_attempts, max_tokens;
     bool score, custom_ids, strict;
     char *name, *idem;
+    char *model;         /* JobSpec.model ("" = any worker) */
+    int64_t task_kind;   /* TaskRef.kind of every task (0 = none) */
 } s_submit_opts_t;
 
 /* returns 0 and the job id */
@@ -81,6 +87,7 @@ static int s_submit(const s_submit_opts_t *o, char job[ANV_ID_SIZE], bool quiet)
     Anvil__Task **ptrs = calloc((size_t)o->chunk, sizeof *ptrs);
     char (*cid)[32] = calloc((size_t)o->chunk, 32);
     char (*prompt)[48] = calloc((size_t)o->chunk, 48);
+    Anvil__TaskRef *refs = calloc((size_t)o->chunk, sizeof *refs);
     int rc = 1;
     int64_t i = 0;
     uint64_t chunk_index = 0;
@@ -90,6 +97,12 @@ static int s_submit(const s_submit_opts_t *o, char job[ANV_ID_SIZE], bool quiet)
             anvil__task__init(&tasks[t]);
             snprintf(prompt[t], 48, "prompt %lld", (long long)(i + t));
             tasks[t].prompt = prompt[t];
+            if (o->task_kind > 0) {
+                refs[t] = (Anvil__TaskRef)ANVIL__TASK_REF__INIT;
+                refs[t].has_kind = 1;
+                refs[t].kind = (Anvil__TaskKind)o->task_kind;
+                tasks[t].ref = &refs[t];
+            }
             if (o->custom_ids) {
                 snprintf(cid[t], 32, "c%lld", (long long)(i + t));
                 tasks[t].custom_id = cid[t];
@@ -103,6 +116,7 @@ static int s_submit(const s_submit_opts_t *o, char job[ANV_ID_SIZE], bool quiet)
         anv_msg_init(&env);
         if (!job[0]) {
             spec.name = o->name;
+            spec.model = o->model && *o->model ? o->model : NULL;
             spec.idempotency_key = o->idem && *o->idem ? o->idem : NULL;
             spec.has_priority = spec.has_n = spec.has_score = spec.has_max_attempts = 1;
             spec.priority = (int32_t)o->priority;
@@ -148,6 +162,7 @@ out:
     free(ptrs);
     free(cid);
     free(prompt);
+    free(refs);
     return rc;
 }
 
@@ -263,7 +278,8 @@ out:
     return rc;
 }
 
-static int s_watch(const char *job, const char *from, int64_t block_ms)
+static int s_watch(const char *job, const char *from, int64_t block_ms, int64_t max_events,
+                   bool list)
 {
     Anvil__Envelope env;
     Anvil__WatchRequest w = ANVIL__WATCH_REQUEST__INIT;
@@ -271,7 +287,7 @@ static int s_watch(const char *job, const char *from, int64_t block_ms)
     w.job_id = (char *)job;
     w.from_offset = (char *)from;
     w.has_max_events = w.has_block_ms = 1;
-    w.max_events = 10000;
+    w.max_events = (uint32_t)max_events;
     w.block_ms = (uint32_t)block_ms;
     env.body_case = ANVIL__ENVELOPE__BODY_WATCH;
     env.watch = &w;
@@ -282,7 +298,10 @@ static int s_watch(const char *job, const char *from, int64_t block_ms)
     }
     zhashx_t *types = zhashx_new();
     for (size_t i = 0; i < r->watch_reply->n_events; i++) {
-        const char *t = r->watch_reply->events[i]->type ? r->watch_reply->events[i]->type : "?";
+        const Anvil__Event *e = r->watch_reply->events[i];
+        const char *t = e->type ? e->type : "?";
+        if (list)
+            printf("event %s %s %" PRIu64 ":%u\n", e->id, t, e->task_index, e->sample_index);
         uintptr_t c = (uintptr_t)zhashx_lookup(types, t);
         zhashx_update(types, t, (void *)(c + 1));
     }
@@ -310,6 +329,8 @@ static int s_simple(const char *cmd, const char *job, int64_t version)
         env.cancel = &c;
     } else if (!strcmp(cmd, "retry")) {
         rt.job_id = (char *)job;
+        rt.has_failed_only = g_failed_only;
+        rt.failed_only = g_failed_only;
         env.body_case = ANVIL__ENVELOPE__BODY_RETRY;
         env.retry = &rt;
     } else if (!strcmp(cmd, "workers")) {
@@ -396,7 +417,7 @@ static int s_cmp_i64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int s_bench(s_submit_opts_t *o, int64_t latency_n)
+static int s_bench(s_submit_opts_t *o, int64_t latency_n, const char *latency_log)
 {
     char job[ANV_ID_SIZE];
     int64_t t0 = anv_now_ns();
@@ -420,14 +441,22 @@ static int s_bench(s_submit_opts_t *o, int64_t latency_n)
         one.tasks = 1;
         one.chunk = 1;
         one.n = 1;
+        FILE *ll = latency_log && *latency_log ? fopen(latency_log, "w") : NULL;
         for (int64_t i = 0; i < latency_n; i++) {
             int64_t a = anv_now_ns();
             if (s_submit(&one, job, true) != 0 || s_wait(job, 30, true) != 0) {
                 free(lat);
+                if (ll)
+                    fclose(ll);
                 return 1;
             }
             lat[i] = anv_now_ns() - a;
+            if (ll)
+                fprintf(ll, "submit %s %lld\n", job, (long long)a);
+            anv_sleep_ms(1); /* idle between jobs */
         }
+        if (ll)
+            fclose(ll);
         qsort(lat, (size_t)latency_n, sizeof *lat, s_cmp_i64);
         printf("bench idle_roundtrip n=%lld p50 %.3f ms p99 %.3f ms (submit -> status done, "
                "incl. client polling)\n", (long long)latency_n,
@@ -439,8 +468,12 @@ static int s_bench(s_submit_opts_t *o, int64_t latency_n)
 
 int main(int argc, char **argv)
 {
-    char *endpoint = NULL, *from = NULL, *name = NULL, *idem = NULL;
+    char *endpoint = NULL, *from = NULL, *name = NULL, *idem = NULL, *latency_log = NULL;
+    char *model = NULL;
+    int64_t task_kind;
     int64_t tasks, chunk, n, priority, max_attempts, timeout_s, page, count, version, block_ms;
+    int64_t max_events;
+    bool list = false;
     int64_t latency, max_tokens;
     bool score = false, custom_ids = false, strict = false;
     const anv_cfg_opt_t opts[] = {
@@ -462,10 +495,20 @@ int main(int argc, char **argv)
         {"page", ANV_CFG_INT, "100", 1, 1000, "results page size", &page, false},
         {"from", ANV_CFG_STR, "0", 0, -1, "watch offset", &from, false},
         {"block-ms", ANV_CFG_INT, "0", 0, 60000, "watch long poll", &block_ms, false},
+        {"max-events", ANV_CFG_INT, "10000", 1, 10000, "watch: events per reply", &max_events,
+         false},
+        {"list", ANV_CFG_BOOL, "false", 0, -1, "watch: one line per event", &list, false},
+        {"failed", ANV_CFG_BOOL, "false", 0, -1, "retry: also samples that ended in error",
+         &g_failed_only, false},
+        {"model", ANV_CFG_STR, "", 0, -1, "submit: the job's model", &model, false},
+        {"task-kind", ANV_CFG_INT, "0", 0, 3, "submit: TaskRef.kind of every task", &task_kind,
+         false},
         {"count", ANV_CFG_INT, "100", 1, 1000000, "garbage rounds", &count, false},
         {"version", ANV_CFG_INT, "1", 0, INT32_MAX, "weights version", &version, false},
         {"latency", ANV_CFG_INT, "0", 0, 1000000, "bench: idle single-task jobs", &latency,
          false},
+        {"latency-log", ANV_CFG_STR, NULL, 0, -1, "bench: submit times of the latency jobs",
+         &latency_log, false},
     };
     size_t n_opts = sizeof opts / sizeof opts[0];
     anv_log_init("test-client");
@@ -487,7 +530,7 @@ int main(int argc, char **argv)
         goto out;
     g_timeout_ms = timeout_s * 1000 < 60000 ? timeout_s * 1000 : 60000;
     s_submit_opts_t so = {tasks, chunk, n, priority, max_attempts, max_tokens, score, custom_ids,
-                          strict, name, idem};
+                          strict, name, idem, model, task_kind};
     char jid[ANV_ID_SIZE];
     if (!strcmp(cmd, "submit"))
         rc = s_submit(&so, jid, false);
@@ -502,12 +545,12 @@ int main(int argc, char **argv)
     } else if (!strcmp(cmd, "results"))
         rc = s_results(job, page);
     else if (!strcmp(cmd, "watch"))
-        rc = s_watch(job, from, block_ms);
+        rc = s_watch(job, from, block_ms, max_events, list);
     else if (!strcmp(cmd, "cancel") || !strcmp(cmd, "retry") || !strcmp(cmd, "workers") ||
              !strcmp(cmd, "weights"))
         rc = s_simple(cmd, job, version);
     else if (!strcmp(cmd, "bench"))
-        rc = s_bench(&so, latency);
+        rc = s_bench(&so, latency, latency_log);
     else
         fprintf(stderr, "test_client: unknown command '%s'\n", cmd);
 out:

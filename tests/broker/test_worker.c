@@ -4,8 +4,12 @@
     gen: answers every GenUnit at once (or after --sleep-ms) with one Sample per requested
     index ("echo" text, --tokens token ids and logprobs). exec: answers ExecUnits with
     EXEC_CORRECT when the completion contains "ok", else EXEC_INCORRECT. --fail answers every
-    unit with a retryable UnitFailed, --fatal with a non-retryable one. --log FILE appends one
-    line per received unit: "unit <lease> <job> <task> <monotonic ns>", and "cancel <job>".
+    unit with a retryable UnitFailed, --fatal with a non-retryable one. --error-every K makes
+    the units of tasks whose index is a multiple of K end badly: gen samples with
+    FINISH_ERROR, exec results with no verdict (EXEC_NONE). --model and --caps (comma-separated
+    capabilities) go into READY. --log FILE appends one
+    line per received unit: "unit <lease> <job> <task> <monotonic ns> <wall ms>", and
+    "cancel <job>".
     Units of a cancelled job that are still queued are dropped. WeightsUpdate is answered
     with WeightsLoaded. Runs until SIGINT/SIGTERM; SIGKILL is what the crash tests use.
 */
@@ -23,7 +27,8 @@
 int main(int argc, char **argv)
 {
     char *endpoint = NULL, *kind = NULL, *id = NULL, *log_path = NULL, *level = NULL;
-    int64_t slots, sleep_ms, tokens, hb_ms;
+    char *model = NULL, *caps_s = NULL;
+    int64_t slots, sleep_ms, tokens, hb_ms, error_every;
     bool fail = false, fatal = false;
     const anv_cfg_opt_t opts[] = {
         {"endpoint", ANV_CFG_STR, "tcp://127.0.0.1:5556", 0, -1, "broker worker endpoint",
@@ -38,6 +43,11 @@ int main(int argc, char **argv)
         {"fatal", ANV_CFG_BOOL, "false", 0, -1, "fail every unit (not retryable)", &fatal,
          false},
         {"log", ANV_CFG_STR, NULL, 0, -1, "unit log file", &log_path, false},
+        {"error-every", ANV_CFG_INT, "0", 0, 1000000, "bad results for tasks % K == 0",
+         &error_every, false},
+        {"model", ANV_CFG_STR, "echo", 0, -1, "model announced in READY", &model, false},
+        {"caps", ANV_CFG_STR, "", 0, -1, "capabilities announced in READY (a,b,c)", &caps_s,
+         false},
         {"log-level", ANV_CFG_STR, "info", 0, -1, "log level", &level, false},
     };
     size_t n_opts = sizeof opts / sizeof opts[0];
@@ -53,13 +63,19 @@ int main(int argc, char **argv)
     FILE *log = log_path && *log_path ? fopen(log_path, "a") : NULL;
     if (log)
         setvbuf(log, NULL, _IOLBF, 0);
+    char *caps[16];
+    size_t n_caps = 0;
+    for (char *tok = strtok(caps_s, ","); tok && n_caps < 16; tok = strtok(NULL, ","))
+        caps[n_caps++] = tok;
     broker_client_config_t cfg = {
         .endpoint = endpoint,
         .kind = gen ? ANVIL__WORKER_KIND__WORKER_GEN : ANVIL__WORKER_KIND__WORKER_EXEC,
         .worker_id = id && *id ? id : NULL,
         .gpu_index = -1,
         .gpu_name = "none",
-        .model = "echo",
+        .model = model,
+        .capabilities = (const char *const *)caps,
+        .n_capabilities = n_caps,
         .slots = (uint32_t)slots,
         .heartbeat_ms = (int)hb_ms,
     };
@@ -101,9 +117,9 @@ int main(int argc, char **argv)
         } else if (env->body_case == ANVIL__ENVELOPE__BODY_GEN_UNIT) {
             Anvil__GenUnit *u = env->gen_unit;
             if (log)
-                fprintf(log, "unit %s %s %llu %lld\n", u->lease_id, u->job_id,
+                fprintf(log, "unit %s %s %llu %lld %lld\n", u->lease_id, u->job_id,
                         (unsigned long long)(u->task ? u->task->index : 0),
-                        (long long)anv_now_ns());
+                        (long long)anv_now_ns(), (long long)anv_wall_ms());
             if (zhashx_lookup(cancelled, u->job_id)) {
                 anv_msg_free(&env);
                 continue;
@@ -123,6 +139,10 @@ int main(int argc, char **argv)
                     s.sample_index = u->sample_indices[i];
                     s.text = text;
                     s.finish_reason = ANVIL__FINISH_REASON__FINISH_EOS;
+                    if (error_every && u->task && u->task->index % (uint64_t)error_every == 0) {
+                        s.finish_reason = ANVIL__FINISH_REASON__FINISH_ERROR;
+                        s.error = "test worker: error on purpose";
+                    }
                     s.seed = u->base_seed + s.sample_index;
                     s.n_token_ids = s.n_logprobs = (size_t)tokens;
                     s.token_ids = tok;
@@ -135,8 +155,9 @@ int main(int argc, char **argv)
         } else if (env->body_case == ANVIL__ENVELOPE__BODY_EXEC_UNIT) {
             Anvil__ExecUnit *u = env->exec_unit;
             if (log)
-                fprintf(log, "unit %s %s %llu %lld\n", u->lease_id, u->job_id,
-                        (unsigned long long)u->task_index, (long long)anv_now_ns());
+                fprintf(log, "unit %s %s %llu %lld %lld\n", u->lease_id, u->job_id,
+                        (unsigned long long)u->task_index, (long long)anv_now_ns(),
+                        (long long)anv_wall_ms());
             if (zhashx_lookup(cancelled, u->job_id)) {
                 anv_msg_free(&env);
                 continue;
@@ -151,6 +172,10 @@ int main(int argc, char **argv)
                 bool ok = u->completion && strstr(u->completion, "ok");
                 r.has_status = r.has_speedup = r.has_reward = 1;
                 r.status = ok ? ANVIL__EXEC_STATUS__EXEC_CORRECT : ANVIL__EXEC_STATUS__EXEC_INCORRECT;
+                if (error_every && u->task_index % (uint64_t)error_every == 0) {
+                    r.status = ANVIL__EXEC_STATUS__EXEC_NONE; /* no verdict */
+                    ok = false;
+                }
                 r.speedup = ok ? 1.5 : 0;
                 r.reward = ok ? 2.5 : 0;
                 broker_client_send_exec_done(c, u->lease_id, &r);
