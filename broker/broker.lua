@@ -293,7 +293,7 @@ end
 
 ------------------------------------------------------------------------------------------------
 -- complete now count {kind job task sample lease_id last payload info}*count
---   info: gen "tokens failed(0|1)", exec "correct(0|1) speedup"
+--   info: gen "tokens failed(0|1|2: aborted, kept)", exec "correct(0|1) speedup"
 --   -> {duplicates, discarded, invalid, {job done exec_added}*}
 local function op_complete(a)
     local now, cnt = a[2], num(a[3], 0)
@@ -333,6 +333,9 @@ local function op_complete(a)
                     J.failed = J.failed + 1
                     J.term = J.term + 1
                     ev(j, 'sample', t, s, 'error', '1')
+                elseif failed == '2' then
+                    J.term = J.term + 1 -- aborted, kept for the client to resume
+                    ev(j, 'sample', t, s, 'aborted', '1')
                 elseif J.score then
                     J.xq[#J.xq + 1] = f
                     ev(j, 'sample', t, s, '', '0')
