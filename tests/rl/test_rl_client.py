@@ -117,8 +117,10 @@ def test_rewards_per_group(cluster, anvil_client, weights):
         for s in g.samples:
             assert s.exec_status is not None and s.reward is not None, s
         assert g.delivery_latency_ms is not None
-        print("\nscored group %s: rewards %s, delivered %d ms after its last score"
-              % (g.custom_id, g.rewards, g.delivery_latency_ms))
+        print("\nscored group %s: rewards %s, delivered %d ms after its last score, %d ms "
+              "after its last sample was generated" % (g.custom_id, g.rewards,
+                                                       g.delivery_latency_ms,
+                                                       g.delivered_ms - g.last_generated_ms))
 
 
 def anvil_client_shared():
@@ -129,8 +131,8 @@ def anvil_client_shared():
 def test_staleness_bound(cluster, anvil_client, weights):
     start_gen(cluster, weights[0], "gen0", "--slots", "2")
     cluster.wait_workers(1, "gen")
-    prompts = ["def kernel_%d(x):" % i for i in range(8)]
-    sampling = {"temperature": 1.0, "max_tokens": 24}
+    prompts = ["def kernel_%d(x):" % i for i in range(32)]
+    sampling = {"temperature": 1.0, "max_tokens": 64}
 
     async def go(lag):
         async with anvil_client.AnvilClient(cluster.client_ep) as c:
@@ -147,13 +149,13 @@ def test_staleness_bound(cluster, anvil_client, weights):
             return v, ro, groups
 
     v, ro, groups = run(go(0))
-    assert sorted(g.index for g in groups) == list(range(8))
+    assert sorted(g.index for g in groups) == list(range(32))
     assert all(g.oldest_version >= v for g in groups), [g.weight_versions for g in groups]
     assert ro.regenerations >= 2 and len(ro.jobs) >= 2  # those done before the update
     assert any(g.regenerated for g in groups)
     v2, ro2, groups2 = run(go(1))
     assert v2 == v + 1
-    assert sorted(g.index for g in groups2) == list(range(8))
+    assert sorted(g.index for g in groups2) == list(range(32))
     assert ro2.regenerations == 0 and len(ro2.jobs) == 1
     assert {g.oldest_version for g in groups2} == {v, v2}  # within the lag: kept
 
@@ -224,3 +226,44 @@ def test_abort_and_resume(cluster, anvil_client, weights):
         ref = reference(weights[1], s.prompt_token_ids + partial, 1, max_tokens - a1, 0.0)[0]
         assert cont == ref["token_ids"]
         assert max(abs(x - y) for x, y in zip(s.logprobs[a1:], ref["logprobs"])) < 1e-4
+
+
+def test_errors_are_clear_and_lose_nothing(cluster, anvil_client, weights, tmp_path):
+    start_gen(cluster, weights[0])
+    cluster.wait_workers(1, "gen")
+    AnvilError = anvil_client.AnvilError
+
+    async def go():
+        async with anvil_client.AnvilClient(cluster.client_ep) as c:
+            assert await c.refresh_weight_version() == 0
+            with pytest.raises(AnvilError) as e:
+                await c.status("01ARZ3NDEKTSV4RRFFQ69G5FAV")
+            assert e.value.code == -10007  # ANV_ENOTFOUND
+            # a checkpoint that does not load: an error naming the worker, version unchanged
+            broken = tmp_path / "broken"
+            broken.mkdir()
+            (broken / "config.json").write_text("{ not json")
+            with pytest.raises(AnvilError) as e:
+                await c.update_weights(str(broken), 5)
+            assert "gen0" in str(e.value) and "v5" in str(e.value)
+            assert c.weight_version == 0
+            ws = await c.workers()
+            assert [w.weight_version for w in ws] == [0]
+            with pytest.raises(ValueError):
+                c.generate(["x"], 1, on_stale="sometimes")
+            with pytest.raises(TypeError):
+                await c.generate([42], 1, score=False).collect()
+            groups = await c.generate(["def f(x):"], 2, {"max_tokens": 4}, score=False).collect()
+            assert len(groups) == 1 and {s.weight_version for s in groups[0].samples} == {0}
+        async with anvil_client.AnvilClient("tcp://127.0.0.1:%d" % free_port(),
+                                            timeout_s=0.5) as c:
+            with pytest.raises(AnvilError) as e:
+                await c.workers()
+            assert "no reply from the broker" in str(e.value)
+
+    run(go())
+
+
+def free_port():
+    import anvil_cluster
+    return anvil_cluster.free_port()
