@@ -87,6 +87,7 @@ def test_three_step_loop(cluster, anvil_client, weights):
     firsts = [{g.index: g.samples[0].response_token_ids for g in gs} for gs in outputs]
     assert firsts[0] != firsts[1] != firsts[2]
     lat = [g.delivery_latency_ms for gs in outputs for g in gs]
+    print("\nper-step delivery latencies (ms):", [[g.delivery_latency_ms for g in gs] for gs in outputs])
     for u in figures:
         print("\nweights v%d on %d gen workers: load %.1f ms, broker control-plane %.2f ms, "
               "client round trip beyond the load %.2f ms" % (u.version, u.workers,
