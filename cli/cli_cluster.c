@@ -268,6 +268,7 @@ typedef struct {
     char *make_model;
     int64_t redis_port;
     double wait, grace;
+    bool workers;
 } s_up_opts_t;
 
 static bool s_redis_ping(int port)
@@ -338,7 +339,8 @@ static int s_start_redis(s_cluster_t *cl, const s_up_opts_t *o, const char *bin)
         int port = o->redis_port ? (int)o->redis_port : cli_proc_free_port();
         char ports[16];
         snprintf(ports, sizeof ports, "%d", port);
-        char *argv[] = {(char *)bin, "--port", ports, "--bind", "127.0.0.1", "--dir", dir,
+        /* argv[0] must say redis-server: the resolved binary is also redis-check-rdb */
+        char *argv[] = {"redis-server", "--port", ports, "--bind", "127.0.0.1", "--dir", dir,
                         "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
                         "--daemonize", "no", "--protected-mode", "yes", NULL};
         if (s_add_proc(cl, "redis", -1, bin, argv, NULL))
@@ -632,8 +634,11 @@ int cli_cmd_up(int argc, char **argv)
          &o.wait, false},
         {"grace", ANV_CFG_DOUBLE, "30", 0, 3600, "seconds to let a process stop on failure",
          &o.grace, false},
+        {"workers", ANV_CFG_BOOL, "true", 0, -1,
+         "start workers (--no-workers: Redis and the broker only, workers join from elsewhere)",
+         &o.workers, false},
     };
-    size_t n = 12;
+    size_t n = 13;
     cli_common_opts(&c, opts, &n);
     anv_cfg_rest_t rest;
     int code, lock = -1;
@@ -692,14 +697,16 @@ int cli_cmd_up(int argc, char **argv)
     /* everything that can be checked before starting anything */
     bins[0] = s_bin(o.redis_bin, "", "redis-server");
     bins[1] = s_bin(o.broker_bin, "broker", "anvil-broker");
-    bins[2] = s_bin(o.gen_bin, "gen_worker", "anvil-gen-worker");
-    bins[3] = s_bin(o.exec_bin, "exec_worker", "anvil-exec-worker");
+    if (o.workers) {
+        bins[2] = s_bin(o.gen_bin, "gen_worker", "anvil-gen-worker");
+        bins[3] = s_bin(o.exec_bin, "exec_worker", "anvil-exec-worker");
+    }
     static const char *const names[] = {"redis-server", "anvil-broker", "anvil-gen-worker",
                                         "anvil-exec-worker"};
     static const char *const flags[] = {"--redis-server", "--broker-bin", "--gen-worker-bin",
                                         "--exec-worker-bin"};
     bool missing = false;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < (o.workers ? 4 : 2); i++)
         if (!bins[i]) {
             cli_errorf(info.name, "%s not found (looked next to %s and on PATH; %s names it)",
                        names[i], cli_proc_self(), flags[i]);
@@ -717,7 +724,7 @@ int cli_cmd_up(int argc, char **argv)
         code = CLI_EXIT_USAGE;
         goto out;
     }
-    if (s_model(&o, n_gpus, &cl))
+    if (o.workers && s_model(&o, n_gpus, &cl))
         goto out;
 
     /* start: redis, broker, workers */
@@ -734,16 +741,24 @@ int cli_cmd_up(int argc, char **argv)
     char e_broker[300];
     snprintf(e_broker, sizeof e_broker, "ANVIL_BROKER=%s", cl.worker_ep);
     snprintf(e_model, sizeof e_model, "ANVIL_MODEL=%s", cl.model);
+    char e_python[PATH_MAX + 32] = "";
+#ifdef ANVIL_SOURCE_DIR
+    if (access(ANVIL_SOURCE_DIR "/.venv/bin/python", X_OK) == 0)
+        snprintf(e_python, sizeof e_python, "ANVIL_PYTHON=%s", ANVIL_SOURCE_DIR "/.venv/bin/python");
+#endif
     int n_units = n_gpus ? n_gpus : 1;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; o.workers && k < 2; k++)
         for (int i = 0; i < n_units; i++) {
             int gpu = n_gpus ? gpus[i] : -1;
             char e_gpu[32];
             snprintf(e_gpu, sizeof e_gpu, "ANVIL_GPU=%d", gpu);
+            /* gen workers take --backend, exec workers --device (and the repo's venv python
+               when there is one) */
             const char *dev = gpu >= 0 ? "ANVIL_DEVICE=cuda" : "ANVIL_DEVICE=cpu";
-            const char *genv[] = {e_broker, e_model, e_gpu, dev, NULL};
-            const char *xenv[] = {e_broker, e_gpu, dev,
-                                  gpu >= 0 ? NULL : "TRITON_INTERPRET=1", NULL};
+            const char *backend = gpu >= 0 ? "ANVIL_BACKEND=cuda" : "ANVIL_BACKEND=cpu";
+            const char *genv[] = {e_broker, e_model, e_gpu, backend, NULL};
+            const char *xenv[] = {e_broker, dev, e_python[0] ? e_python : "ANVIL_NOP=1",
+                                  gpu >= 0 ? e_gpu : "TRITON_INTERPRET=1", NULL};
             char *wargv[] = {bins[2 + k], NULL};
             if (s_add_proc(&cl, k == 0 ? "gen-worker" : "exec-worker", gpu, bins[2 + k], wargv,
                            k == 0 ? genv : xenv))

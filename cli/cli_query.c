@@ -7,6 +7,7 @@
 */
 #include "anv_error.h"
 #include "anv_msg.h"
+#include "anv_time.h"
 #include "cli_client.h"
 #include "cli_cmd.h"
 #include "cli_import.h"
@@ -37,7 +38,7 @@ static void s_print_jobs(const Anvil__StatusReply *r)
 {
     printf("%-26s %-16s %-10s %7s %8s %9s %8s %6s %6s %7s %8s\n", "JOB", "NAME", "STATE", "TASKS",
            "SAMPLES", "GENERATED", "SCORED", "FAILED", "PASS", "SPEEDUP", "AGE");
-    int64_t now = (int64_t)time(NULL) * 1000;
+    int64_t now = anv_wall_ms();
     for (size_t i = 0; i < r->n_jobs; i++) {
         const Anvil__JobStatus *j = r->jobs[i];
         char pass[16] = "-", speed[16] = "-", age[16] = "-";

@@ -127,9 +127,28 @@ int cli_cmd_results(int argc, char **argv)
         code = CLI_EXIT_USAGE;
         goto out;
     }
+    /* the job must exist (RESULTS of an unknown id is just empty), and its state says
+       whether these are all the results or the ones so far */
+    Anvil__Envelope sreq, *srep = NULL;
+    Anvil__StatusRequest sr;
+    anv_msg_init(&sreq);
+    anvil__status_request__init(&sr);
+    sr.job_id = (char *)job;
+    sreq.body_case = ANVIL__ENVELOPE__BODY_STATUS;
+    sreq.status = &sr;
+    int rc = cli_client_call(cl, &sreq, ANVIL__ENVELOPE__BODY_STATUS_REPLY,
+                             (int)(c.timeout * 1000), &srep);
+    if (!rc && srep->status_reply->n_jobs == 0)
+        rc = ANV_ENOTFOUND;
+    bool running = !rc && !cli_job_state_final(srep->status_reply->jobs[0]->state);
+    anv_msg_free(&srep);
+    if (rc) {
+        cli_errorf(info.name, "%s", rc == ANV_ENOTFOUND ? "no such job" : cli_client_errstr(cl));
+        code = cli_exit_for(rc);
+        goto out;
+    }
     char *cursor = NULL;
     uint64_t n_ok = 0, n_err = 0;
-    int rc = 0;
     for (;;) {
         Anvil__Envelope req, *rep = NULL;
         Anvil__ResultsRequest rr;
@@ -157,7 +176,9 @@ int cli_cmd_results(int argc, char **argv)
             else
                 n_ok++;
         }
-        bool done = (r->has_done && r->done) || !r->next_cursor || !*r->next_cursor;
+        /* a running job answers "not done" with no new results once we have caught up */
+        bool done = (r->has_done && r->done) || !r->next_cursor || !*r->next_cursor ||
+                    r->n_results == 0;
         bool stuck = !done && cursor && !strcmp(cursor, r->next_cursor);
         free(cursor);
         cursor = done ? NULL : strdup(r->next_cursor);
@@ -200,10 +221,11 @@ int cli_cmd_results(int argc, char **argv)
             cJSON_AddStringToObject(o, "errors_file", err_path);
         cli_json_print(o, stdout);
     } else {
-        fprintf(stderr, "anvil results: %llu result(s)%s%s, %llu error(s)%s%s\n",
+        fprintf(stderr, "anvil results: %llu result(s)%s%s, %llu error(s)%s%s%s\n",
                 (unsigned long long)n_ok, to_file ? " in " : "", to_file ? out_path : "",
                 (unsigned long long)n_err, errs.final_path ? " in " : "",
-                errs.final_path ? errs.final_path : "");
+                errs.final_path ? errs.final_path : "",
+                running ? " (the job is still running: the results so far)" : "");
     }
     code = CLI_EXIT_OK;
 out:

@@ -151,8 +151,13 @@ int cli_watch_job(const char *cmd, const cli_common_t *c, const char *job_id, do
         }
         const Anvil__JobStatus *s = w->status;
         if (!s) {
+            /* the broker has no status for it: there is no such job */
             anv_msg_free(&rep);
-            continue;
+            if (tty && drawn)
+                printf("\n");
+            cli_errorf(cmd, "no such job '%s'", job_id);
+            code = CLI_EXIT_NOTFOUND;
+            break;
         }
         bool final = cli_job_state_final(s->state);
         double now = anv_now_s();

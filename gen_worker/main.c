@@ -11,6 +11,7 @@
 #include "anv_supervisor.h"
 #include "gen_worker.h"
 
+#include <czmq.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,6 +143,7 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
+    zsys_handler_set(NULL); /* the drain is ours, not CZMQ's interrupt flag */
     struct sigaction sa = {0};
     sa.sa_handler = s_on_signal;
     sigaction(SIGTERM, &sa, NULL);

@@ -83,8 +83,13 @@ const char *eng_chat_kind_name(eng_chat_kind_t kind)
 }
 
 /* open + encode(role "\n" content) + close (+ encode(after)). */
-static int s_message(const eng_tokenizer_t *tok, int32_t open, int32_t close, const char *after,
-                     const char *role, const char *content, eng_ids_t *out)
+static int s_message(const eng_tokenizer_t *tok,
+                     int32_t open,
+                     int32_t close,
+                     const char *after,
+                     const char *role,
+                     const char *content,
+                     eng_ids_t *out)
 {
     eng_buf_t text = {0};
     int rc = eng_ids_push(out, open);
@@ -104,8 +109,11 @@ static int s_message(const eng_tokenizer_t *tok, int32_t open, int32_t close, co
     return rc;
 }
 
-int eng_chat_render(const eng_chat_t *chat, const eng_tokenizer_t *tok,
-                    const eng_chat_msg_t *msgs, int n_msgs, bool add_generation_prompt,
+int eng_chat_render(const eng_chat_t *chat,
+                    const eng_tokenizer_t *tok,
+                    const eng_chat_msg_t *msgs,
+                    int n_msgs,
+                    bool add_generation_prompt,
                     eng_ids_t *out)
 {
     int32_t open, close;

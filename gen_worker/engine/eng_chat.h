@@ -30,7 +30,7 @@ typedef enum {
 } eng_chat_kind_t;
 
 typedef struct {
-    const char *role;    /* "system", "user", "assistant" */
+    const char *role; /* "system", "user", "assistant" */
     const char *content;
 } eng_chat_msg_t;
 
@@ -47,8 +47,11 @@ const char *eng_chat_kind_name(eng_chat_kind_t kind);
 /* Appends the ids of the conversation (plus the generation prompt) to out. Returns 0,
    ANV_EUNSUPPORTED (a system message for Reasoning, RAW kind, special tokens missing from
    the vocab) or ANV_EFORMAT (invalid UTF-8). */
-int eng_chat_render(const eng_chat_t *chat, const eng_tokenizer_t *tok,
-                    const eng_chat_msg_t *msgs, int n_msgs, bool add_generation_prompt,
+int eng_chat_render(const eng_chat_t *chat,
+                    const eng_tokenizer_t *tok,
+                    const eng_chat_msg_t *msgs,
+                    int n_msgs,
+                    bool add_generation_prompt,
                     eng_ids_t *out);
 
 /* Raw prompt: encodes text (special tokens matched) with BOS as described above. */

@@ -73,8 +73,8 @@ static cJSON *s_load_json(const char *path, char *err, size_t errlen, int *rc)
 }
 
 /* Reads key as an integer in [lo, hi]; absent -> def (def < lo means required). */
-static int s_int(const cJSON *o, const char *key, int lo, int hi, int def, int *out, char *err,
-                 size_t errlen)
+static int
+s_int(const cJSON *o, const char *key, int lo, int hi, int def, int *out, char *err, size_t errlen)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!j || cJSON_IsNull(j)) {
@@ -94,8 +94,14 @@ static int s_int(const cJSON *o, const char *key, int lo, int hi, int def, int *
     return 0;
 }
 
-static int s_float(const cJSON *o, const char *key, double lo, double hi, double def, float *out,
-                   char *err, size_t errlen)
+static int s_float(const cJSON *o,
+                   const char *key,
+                   double lo,
+                   double hi,
+                   double def,
+                   float *out,
+                   char *err,
+                   size_t errlen)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!j || cJSON_IsNull(j)) {
@@ -131,8 +137,7 @@ static void s_add_eos(eng_model_config_t *cfg, const cJSON *j)
     }
 }
 
-static int s_generation_config(const char *dir, eng_model_config_t *cfg, char *err,
-                               size_t errlen)
+static int s_generation_config(const char *dir, eng_model_config_t *cfg, char *err, size_t errlen)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
@@ -209,8 +214,10 @@ int eng_config_load(const char *dir, eng_model_config_t *cfg, char *err, size_t 
         goto out;
     rc = ANV_EFORMAT;
     if (cfg->n_heads % cfg->n_kv_heads) {
-        snprintf(err, errlen, "config.json: num_attention_heads %d is not a multiple of "
-                 "num_key_value_heads %d", cfg->n_heads, cfg->n_kv_heads);
+        snprintf(err, errlen,
+                 "config.json: num_attention_heads %d is not a multiple of "
+                 "num_key_value_heads %d",
+                 cfg->n_heads, cfg->n_kv_heads);
         goto out;
     }
     if (cfg->head_dim % 2) {

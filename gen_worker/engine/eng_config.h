@@ -22,19 +22,19 @@ typedef enum {
 typedef struct {
     eng_arch_t arch;
     char arch_name[64];
-    int hidden;          /* hidden_size */
-    int n_layers;        /* num_hidden_layers */
-    int n_heads;         /* num_attention_heads */
-    int n_kv_heads;      /* num_key_value_heads (defaults to n_heads) */
-    int head_dim;        /* head_dim (defaults to hidden / n_heads) */
-    int ffn;             /* intermediate_size */
-    int vocab;           /* vocab_size */
-    int max_pos;         /* max_position_embeddings */
+    int hidden;     /* hidden_size */
+    int n_layers;   /* num_hidden_layers */
+    int n_heads;    /* num_attention_heads */
+    int n_kv_heads; /* num_key_value_heads (defaults to n_heads) */
+    int head_dim;   /* head_dim (defaults to hidden / n_heads) */
+    int ffn;        /* intermediate_size */
+    int vocab;      /* vocab_size */
+    int max_pos;    /* max_position_embeddings */
     float rope_theta;
     float rms_eps;
-    bool qkv_bias;       /* Qwen2, or Llama's attention_bias */
+    bool qkv_bias; /* Qwen2, or Llama's attention_bias */
     bool tied_embeddings;
-    int bos_id;          /* -1 when unknown */
+    int bos_id; /* -1 when unknown */
     int n_eos;
     int eos_ids[ENG_MAX_EOS];
     /* generation_config.json defaults (-1 / NAN-free: has_* say whether present) */

@@ -46,9 +46,9 @@ typedef struct {
     s_group_t *g;
     int index;
     s_state_t state;
-    uint64_t admit_no;      /* admission order, for preemption */
+    uint64_t admit_no; /* admission order, for preemption */
     eng_kv_seq_t kv;
-    eng_ids_t full;         /* prompt + generated (generated = full[n_prompt ..]) */
+    eng_ids_t full; /* prompt + generated (generated = full[n_prompt ..]) */
     eng_rng_t rng;
     uint64_t seed;
     float *logprobs;
@@ -73,7 +73,7 @@ struct s_group {
     int32_t *stop_ids;
     int n_stop_ids;
     bool ignore_eos;
-    bool forked;            /* the leader's prompt is done and its samples forked */
+    bool forked; /* the leader's prompt is done and its samples forked */
     s_seq_t **seqs;
 };
 
@@ -293,8 +293,8 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    self->max_context = o->max_context > 0 && o->max_context < c->max_pos ? o->max_context
-                                                                           : c->max_pos;
+    self->max_context =
+        o->max_context > 0 && o->max_context < c->max_pos ? o->max_context : c->max_pos;
     ANV_INFO("engine ready: %s %d layers hidden %d vocab %d, backend %s, kv %d blocks x %d "
              "tokens (%zu bytes each), chat template %s",
              c->arch_name, c->n_layers, c->hidden, c->vocab, self->be->name, n_blocks,
@@ -318,7 +318,7 @@ void eng_engine_destroy(eng_engine_t **self_p)
     for (int i = 0; i < self->done.n; i++)
         eng_sample_destroy(&self->done.v[self->done.head + i]);
     free(self->done.v);
-    eng_ids_t *ids[] = {&self->b_tok, &self->b_pos, &self->b_slot, &self->b_qstart,
+    eng_ids_t *ids[] = {&self->b_tok, &self->b_pos,    &self->b_slot, &self->b_qstart,
                         &self->b_ctx, &self->b_tables, &self->b_rows};
     for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
         eng_ids_release(ids[i]);
@@ -337,8 +337,7 @@ void eng_engine_destroy(eng_engine_t **self_p)
 
 /* --- submit -------------------------------------------------------------------------------- */
 
-int eng_engine_encode_prompt(const eng_engine_t *self, const char *text, bool chat,
-                             eng_ids_t *out)
+int eng_engine_encode_prompt(const eng_engine_t *self, const char *text, bool chat, eng_ids_t *out)
 {
     if (chat && self->chat.kind != ENG_CHAT_RAW) {
         eng_chat_msg_t msg = {"user", text};
@@ -358,8 +357,8 @@ static s_group_t *s_find_group(const eng_engine_t *self, const char *id, int *po
     return NULL;
 }
 
-static int s_check_request(const eng_engine_t *self, const eng_request_t *r, char *err,
-                           size_t errlen)
+static int
+s_check_request(const eng_engine_t *self, const eng_request_t *r, char *err, size_t errlen)
 {
     if (!r->request_id || !r->request_id[0] || strlen(r->request_id) >= ENG_REQUEST_ID_MAX) {
         snprintf(err, errlen, "request id missing or longer than %d bytes", ENG_REQUEST_ID_MAX - 1);
@@ -397,8 +396,8 @@ static int s_check_request(const eng_engine_t *self, const eng_request_t *r, cha
     return 0;
 }
 
-static s_group_t *s_group_new(eng_engine_t *self, const eng_request_t *r, const eng_ids_t *p,
-                              uint64_t base)
+static s_group_t *
+s_group_new(eng_engine_t *self, const eng_request_t *r, const eng_ids_t *p, uint64_t base)
 {
     s_group_t *g = calloc(1, sizeof(*g));
     if (!g)
@@ -452,6 +451,8 @@ int eng_engine_submit(eng_engine_t *self, const eng_request_t *r, char *err, siz
     eng_ids_t p = {0};
     if (r->prompt_ids) {
         rc = eng_ids_append(&p, r->prompt_ids, r->n_prompt_ids);
+    } else if (r->prompt_text && r->prompt_len && !r->chat) {
+        rc = eng_chat_raw(self->tok, r->prompt_text, r->prompt_len, &p);
     } else if (r->prompt_text) {
         rc = eng_engine_encode_prompt(self, r->prompt_text, r->chat, &p);
         if (rc == ANV_EFORMAT)
@@ -633,8 +634,8 @@ static int s_accept(eng_engine_t *self, s_seq_t *s, int32_t tok, float lp, const
             return -ENOMEM;
         s->logprobs = l;
         if (g->sampling.n_top_logprobs) {
-            eng_top_t *t = realloc(s->top, (size_t)cap * g->sampling.n_top_logprobs *
-                                               sizeof(eng_top_t));
+            eng_top_t *t =
+                realloc(s->top, (size_t)cap * g->sampling.n_top_logprobs * sizeof(eng_top_t));
             if (!t)
                 return -ENOMEM;
             s->top = t;
@@ -729,8 +730,8 @@ static void s_preempt(eng_engine_t *self, s_seq_t *s)
     s->n_preempted++;
     self->preemptions++;
     if (s_list_insert_ordered(&self->waiting, s)) {
-        ANV_ERROR("out of memory while preempting: request '%s' sample %d is cancelled",
-                  s->g->id, s->index);
+        ANV_ERROR("out of memory while preempting: request '%s' sample %d is cancelled", s->g->id,
+                  s->index);
         s->state = S_DONE; /* not in any list now */
         s_finish(self, s, ENG_FINISH_CANCELLED);
     }
@@ -789,7 +790,8 @@ static int s_batch_add(eng_engine_t *self, s_seq_t *s, int n)
    the token budget left. */
 static int s_schedule_running(eng_engine_t *self, int budget)
 {
-    qsort(self->running.v, (size_t)self->running.n, sizeof(s_seq_t *), s_cmp_admit);
+    if (self->running.n > 1)
+        qsort(self->running.v, (size_t)self->running.n, sizeof(s_seq_t *), s_cmp_admit);
     /* decodes (one pending token) first, then prefill chunks, both oldest first */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < self->running.n && budget > 0; i++) {
@@ -953,8 +955,8 @@ void eng_engine_drop_prefix_state(eng_engine_t *self)
     }
 }
 
-int eng_engine_load_weights(eng_engine_t *self, const char *dir, uint64_t version, char *err,
-                            size_t errlen)
+int eng_engine_load_weights(
+    eng_engine_t *self, const char *dir, uint64_t version, char *err, size_t errlen)
 {
     int rc = eng_model_reload(self->model, dir, err, errlen);
     if (rc)

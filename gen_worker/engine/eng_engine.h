@@ -38,43 +38,45 @@ typedef struct eng_engine eng_engine_t;
 
 typedef struct {
     const char *model_dir;
-    const char *backend;      /* "cpu" (default) or "cuda" */
-    int n_threads;            /* CPU backend threads; 0 = one per core */
-    int block_size;           /* tokens per KV block; 0 = 16 */
-    size_t kv_bytes;          /* KV pool budget; 0 = 256 MiB */
-    int n_blocks;             /* > 0 overrides kv_bytes */
-    int max_batch_tokens;     /* tokens per step (prefill chunks + decodes); 0 = 2048 */
-    int max_seqs;             /* running sequences at most; 0 = 256 */
-    int max_context;          /* 0 = max_position_embeddings */
-    bool no_prefix_sharing;   /* prefill every sample separately (for comparisons) */
-    uint64_t weight_version;  /* version of the weights in model_dir */
+    const char *backend;     /* "cpu" (default) or "cuda" */
+    int n_threads;           /* CPU backend threads; 0 = one per core */
+    int block_size;          /* tokens per KV block; 0 = 16 */
+    size_t kv_bytes;         /* KV pool budget; 0 = 256 MiB */
+    int n_blocks;            /* > 0 overrides kv_bytes */
+    int max_batch_tokens;    /* tokens per step (prefill chunks + decodes); 0 = 2048 */
+    int max_seqs;            /* running sequences at most; 0 = 256 */
+    int max_context;         /* 0 = max_position_embeddings */
+    bool no_prefix_sharing;  /* prefill every sample separately (for comparisons) */
+    uint64_t weight_version; /* version of the weights in model_dir */
 } eng_engine_opts_t;
 
 typedef struct {
-    const char *request_id;       /* copied; at most ENG_REQUEST_ID_MAX - 1 bytes */
-    const int32_t *prompt_ids;    /* the prompt as ids, or NULL and prompt_text */
+    const char *request_id;    /* copied; at most ENG_REQUEST_ID_MAX - 1 bytes */
+    const int32_t *prompt_ids; /* the prompt as ids, or NULL and prompt_text */
     int n_prompt_ids;
     const char *prompt_text;
-    bool chat;                    /* prompt_text is a user message for the chat template */
-    int n;                        /* samples, >= 1 */
+    size_t prompt_len; /* bytes of prompt_text; 0 = strlen (raw mode only: chat
+                          content is a C string) */
+    bool chat;         /* prompt_text is a user message for the chat template */
+    int n;             /* samples, >= 1 */
     eng_sampling_t sampling;
-    int max_tokens;               /* >= 1 */
+    int max_tokens; /* >= 1 */
     bool has_seed;
     uint64_t seed;
-    const uint64_t *seeds;        /* optional: n distinct per-sample seeds */
-    const char *const *stop;      /* stop strings (copied) */
+    const uint64_t *seeds;   /* optional: n distinct per-sample seeds */
+    const char *const *stop; /* stop strings (copied) */
     int n_stop;
-    const int32_t *stop_ids;      /* stop token ids besides the model's EOS ids */
+    const int32_t *stop_ids; /* stop token ids besides the model's EOS ids */
     int n_stop_ids;
     bool ignore_eos;
 } eng_request_t;
 
 typedef enum {
     ENG_FINISH_NONE = 0,
-    ENG_FINISH_EOS,        /* an EOS / stop id was sampled (it is the last token) */
-    ENG_FINISH_STOP,       /* a stop string appeared (text cut before it) */
-    ENG_FINISH_LENGTH,     /* max_tokens */
-    ENG_FINISH_CONTEXT,    /* the context length or the KV capacity was reached */
+    ENG_FINISH_EOS,     /* an EOS / stop id was sampled (it is the last token) */
+    ENG_FINISH_STOP,    /* a stop string appeared (text cut before it) */
+    ENG_FINISH_LENGTH,  /* max_tokens */
+    ENG_FINISH_CONTEXT, /* the context length or the KV capacity was reached */
     ENG_FINISH_CANCELLED,
 } eng_finish_t;
 
@@ -82,14 +84,14 @@ const char *eng_finish_name(eng_finish_t f);
 
 typedef struct {
     char request_id[ENG_REQUEST_ID_MAX];
-    int index;               /* sample index within the request */
+    int index; /* sample index within the request */
     uint64_t seed;
-    int n_prompt;            /* prompt tokens */
-    int32_t *tokens;         /* (n_tokens) generated ids */
-    float *logprobs;         /* (n_tokens) fp32 logprob of each (see eng_sampler.h) */
-    eng_top_t *top;          /* (n_tokens, n_top) or NULL */
+    int n_prompt;    /* prompt tokens */
+    int32_t *tokens; /* (n_tokens) generated ids */
+    float *logprobs; /* (n_tokens) fp32 logprob of each (see eng_sampler.h) */
+    eng_top_t *top;  /* (n_tokens, n_top) or NULL */
     int n_tokens, n_top;
-    char *text;              /* decoded completion, NUL-terminated (raw bytes) */
+    char *text; /* decoded completion, NUL-terminated (raw bytes) */
     size_t text_len;
     eng_finish_t finish;
     uint64_t weight_version_first, weight_version; /* at the first and the last token */
@@ -102,7 +104,7 @@ typedef struct {
     int block_size;
     int total_blocks, free_blocks, peak_blocks;
     size_t bytes_per_block;
-    int running, waiting;     /* sequences */
+    int running, waiting; /* sequences */
     long long preemptions;
     long long processed_tokens; /* tokens run through the model (prefill, recompute, decode) */
     long long generated_tokens; /* tokens sampled */
@@ -125,8 +127,8 @@ eng_sample_t *eng_engine_pop_finished(eng_engine_t *self);
 int eng_engine_cancel(eng_engine_t *self, const char *request_id);
 
 /* Replaces the weights (see above). 0, or an error with err (the old weights stay). */
-int eng_engine_load_weights(eng_engine_t *self, const char *dir, uint64_t version, char *err,
-                            size_t errlen);
+int eng_engine_load_weights(
+    eng_engine_t *self, const char *dir, uint64_t version, char *err, size_t errlen);
 /* Drops every KV block held by in-flight sequences (they are recomputed). */
 void eng_engine_drop_prefix_state(eng_engine_t *self);
 uint64_t eng_engine_weight_version(const eng_engine_t *self);
@@ -136,7 +138,6 @@ const eng_tokenizer_t *eng_engine_tokenizer(const eng_engine_t *self);
 const eng_model_config_t *eng_engine_model_config(const eng_engine_t *self);
 int eng_engine_max_context(const eng_engine_t *self);
 /* Encodes a prompt the way submit does (chat template or raw). */
-int eng_engine_encode_prompt(const eng_engine_t *self, const char *text, bool chat,
-                             eng_ids_t *out);
+int eng_engine_encode_prompt(const eng_engine_t *self, const char *text, bool chat, eng_ids_t *out);
 
 #endif

@@ -126,8 +126,7 @@ int eng_kv_blocks_needed(const eng_kv_t *self, const eng_kv_seq_t *seq, int n_ne
     return (want > have ? want - have : 0) + cow;
 }
 
-int eng_kv_append(eng_kv_t *self, eng_kv_seq_t *seq, int n_new, int32_t *slots,
-                  eng_kv_copy_t *copy)
+int eng_kv_append(eng_kv_t *self, eng_kv_seq_t *seq, int n_new, int32_t *slots, eng_kv_copy_t *copy)
 {
     copy->src = copy->dst = -1;
     if (n_new <= 0)

@@ -48,8 +48,8 @@ int eng_kv_blocks_needed(const eng_kv_t *self, const eng_kv_seq_t *seq, int n_ne
    seq->n_tokens + i, and seq->n_tokens grows by n_new. When the last block was shared and
    partial it is replaced by a private copy, reported in *copy (copy->src = -1 otherwise).
    Returns 0, -ENOSPC (nothing changed) or -ENOMEM. */
-int eng_kv_append(eng_kv_t *self, eng_kv_seq_t *seq, int n_new, int32_t *slots,
-                  eng_kv_copy_t *copy);
+int eng_kv_append(
+    eng_kv_t *self, eng_kv_seq_t *seq, int n_new, int32_t *slots, eng_kv_copy_t *copy);
 /* dst (empty) shares every block of src. Returns 0 or -ENOMEM. */
 int eng_kv_fork(eng_kv_t *self, const eng_kv_seq_t *src, eng_kv_seq_t *dst);
 /* Drops the sequence's references (blocks reaching zero go back to the free list) and empties

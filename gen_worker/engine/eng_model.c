@@ -27,7 +27,7 @@
 #define S_MAX_SHARDS 256
 
 typedef struct {
-    const void *p;   /* backend pointer */
+    const void *p; /* backend pointer */
     eng_dtype_t dt;
 } s_w_t;
 
@@ -40,7 +40,7 @@ typedef struct {
     int n_files;
     s_w_t embed, final_norm, lm_head;
     s_layer_t *layers;
-    void **handed;   /* every pointer the backend's weight() returned, for weight_release */
+    void **handed; /* every pointer the backend's weight() returned, for weight_release */
     int n_handed, cap_handed;
 } s_weights_t;
 
@@ -84,8 +84,14 @@ static const eng_st_tensor_t *s_lookup(s_weights_t *w, const char *name)
 }
 
 /* Finds name, checks its shape (d1 == 0 for a vector) and hands it to the backend. */
-static int s_get(eng_model_t *self, s_weights_t *w, s_w_t *out, const char *name, int64_t d0,
-                 int64_t d1, char *err, size_t errlen)
+static int s_get(eng_model_t *self,
+                 s_weights_t *w,
+                 s_w_t *out,
+                 const char *name,
+                 int64_t d0,
+                 int64_t d1,
+                 char *err,
+                 size_t errlen)
 {
     const eng_st_tensor_t *t = s_lookup(w, name);
     if (!t) {
@@ -142,8 +148,10 @@ static int s_open_files(s_weights_t *w, const char *dir, char *err, size_t errle
     size_t len;
     char *text = eng_read_file(path, &len);
     if (!text) {
-        snprintf(err, errlen, "'%s' has neither model.safetensors nor "
-                 "model.safetensors.index.json", dir);
+        snprintf(err, errlen,
+                 "'%s' has neither model.safetensors nor "
+                 "model.safetensors.index.json",
+                 dir);
         return -ENOENT;
     }
     cJSON *idx = cJSON_ParseWithLength(text, len);
@@ -255,7 +263,7 @@ fail:
 static void s_free_acts(eng_model_t *self)
 {
     eng_backend_t *be = self->be;
-    float **bufs[] = {&self->x, &self->xn, &self->q, &self->k, &self->v, &self->att,
+    float **bufs[] = {&self->x, &self->xn,   &self->q,  &self->k,        &self->v,     &self->att,
                       &self->o, &self->gate, &self->up, &self->out_rows, &self->logits};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         be->free(be, *bufs[i]);
@@ -375,8 +383,7 @@ int eng_model_kv_copy(eng_model_t *self, int src, int dst)
         return -EINVAL;
     for (int l = 0; l < self->cfg.n_layers; l++) {
         int rc = self->be->copy_block(self->be, self->k_pool[l], self->v_pool[l], src, dst,
-                                      self->block_size, self->cfg.n_kv_heads,
-                                      self->cfg.head_dim);
+                                      self->block_size, self->cfg.n_kv_heads, self->cfg.head_dim);
         if (rc)
             return rc;
     }
@@ -456,16 +463,16 @@ int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, 
     const eng_model_config_t *c = &self->cfg;
     eng_backend_t *be = self->be;
     const s_weights_t *w = self->w;
-    int n = b->n_tok, H = c->hidden, Q = c->n_heads * c->head_dim,
-        KV = c->n_kv_heads * c->head_dim, F = c->ffn;
+    int n = b->n_tok, H = c->hidden, Q = c->n_heads * c->head_dim, KV = c->n_kv_heads * c->head_dim,
+        F = c->ffn;
     float eps = c->rms_eps;
 
-#define S_TRY(call)                                                                               \
-    do {                                                                                          \
-        if ((rc = (call))) {                                                                      \
-            ANV_ERROR("forward pass: '%s' failed: %s", #call, anv_strerror(rc));                  \
-            goto out;                                                                             \
-        }                                                                                         \
+#define S_TRY(call)                                                                                \
+    do {                                                                                           \
+        if ((rc = (call))) {                                                                       \
+            ANV_ERROR("forward pass: '%s' failed: %s", #call, anv_strerror(rc));                   \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
     S_TRY(be->embedding(be, self->x, w->embed.p, w->embed.dt, b->tokens, n, H));
@@ -474,8 +481,8 @@ int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, 
         if (l == 0)
             S_TRY(be->rmsnorm(be, self->xn, self->x, L->in_norm.p, L->in_norm.dt, n, H, eps));
         else
-            S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, L->in_norm.p, L->in_norm.dt,
-                                  n, H, eps));
+            S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, L->in_norm.p, L->in_norm.dt, n, H,
+                                  eps));
         S_TRY(be->matmul(be, self->q, self->xn, L->wq.p, L->bq.p, L->wq.dt, n, H, Q));
         S_TRY(be->matmul(be, self->k, self->xn, L->wk.p, L->bk.p, L->wk.dt, n, H, KV));
         S_TRY(be->matmul(be, self->v, self->xn, L->wv.p, L->bv.p, L->wv.dt, n, H, KV));
@@ -486,16 +493,16 @@ int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, 
         S_TRY(be->attention(be, self->att, self->q, self->k_pool[l], self->v_pool[l], &b->attn,
                             c->n_heads, c->n_kv_heads, c->head_dim, self->block_size));
         S_TRY(be->matmul(be, self->o, self->att, L->wo.p, NULL, L->wo.dt, n, Q, H));
-        S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, L->post_norm.p, L->post_norm.dt,
-                              n, H, eps));
+        S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, L->post_norm.p, L->post_norm.dt, n, H,
+                              eps));
         S_TRY(be->matmul(be, self->gate, self->xn, L->wg.p, NULL, L->wg.dt, n, H, F));
         S_TRY(be->matmul(be, self->up, self->xn, L->wu.p, NULL, L->wu.dt, n, H, F));
         S_TRY(be->swiglu(be, self->gate, self->gate, self->up, n, F));
         /* the MLP output goes to o; the next layer's (or the final) add_rmsnorm adds it */
         S_TRY(be->matmul(be, self->o, self->gate, L->wd.p, NULL, L->wd.dt, n, F, H));
     }
-    S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, w->final_norm.p, w->final_norm.dt, n,
-                          H, eps));
+    S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, w->final_norm.p, w->final_norm.dt, n, H,
+                          eps));
     if (b->n_rows > 0) {
         size_t bytes = (size_t)b->n_rows * c->vocab * sizeof(float);
         S_TRY(be->gather_rows(be, self->out_rows, self->xn, b->rows, b->n_rows, H));

@@ -22,12 +22,12 @@ typedef struct eng_model eng_model_t;
 /* One forward step. All arrays are host memory. */
 typedef struct {
     int n_tok;
-    const int32_t *tokens;  /* (n_tok) token ids */
-    const int32_t *pos;     /* (n_tok) positions */
-    const int32_t *slots;   /* (n_tok) KV slot of each token (block * block_size + offset) */
-    eng_attn_batch_t attn;  /* the sequences of the step, see eng_ops.h */
-    int n_rows;             /* rows of output wanted */
-    const int32_t *rows;    /* (n_rows) indices into the step's tokens */
+    const int32_t *tokens; /* (n_tok) token ids */
+    const int32_t *pos;    /* (n_tok) positions */
+    const int32_t *slots;  /* (n_tok) KV slot of each token (block * block_size + offset) */
+    eng_attn_batch_t attn; /* the sequences of the step, see eng_ops.h */
+    int n_rows;            /* rows of output wanted */
+    const int32_t *rows;   /* (n_rows) indices into the step's tokens */
 } eng_forward_t;
 
 /* Loads dir with the given backend (borrowed; must outlive the model). Returns NULL with the
@@ -50,7 +50,9 @@ int eng_model_kv_copy(eng_model_t *self, int src, int dst);
 
 /* Runs the step. logits and logprobs are host buffers of (n_rows, vocab) floats; either may be
    NULL. Returns 0 or a negative code (bad token ids / slots are refused before any op). */
-int eng_model_forward(eng_model_t *self, const eng_forward_t *batch, float *logits,
+int eng_model_forward(eng_model_t *self,
+                      const eng_forward_t *batch,
+                      float *logits,
                       float *logprobs);
 
 #endif

@@ -52,12 +52,33 @@ typedef struct {
     int max_blocks;              /* row stride of block_tables */
 } eng_attn_batch_t;
 
+/* One step's host index arrays, for the optional `prepare` below. */
+typedef struct {
+    int n_tok;
+    const int32_t *ids;           /* (n_tok) host: token ids for embedding */
+    const int32_t *pos;           /* (n_tok) host: positions for rope */
+    const int32_t *slots;         /* (n_tok) host: cache slots for kv_store */
+    const eng_attn_batch_t *batch; /* the step's attention batch */
+    int n_rows;
+    const int32_t *rows;          /* (n_rows) host: rows for gather_rows (the logits rows) */
+} eng_step_t;
+
+/* Per-row sampling parameters for the optional `sample` below. */
+typedef struct {
+    float temperature; /* 0 = greedy */
+    int top_k;         /* 0 = off */
+    float top_p;       /* 1 = off */
+    float min_p;       /* 0 = off */
+    uint64_t seed;     /* per sample, never one shared default */
+    uint64_t step;     /* index of the token being drawn (0, 1, ...) */
+} eng_sample_params_t;
+
 typedef struct eng_backend eng_backend_t;
 
 struct eng_backend {
-    const char *name;       /* "cpu", "cuda" */
-    eng_dtype_t kv_dtype;   /* dtype of the KV pools */
-    void *state;            /* backend private */
+    const char *name;     /* "cpu", "cuda" */
+    eng_dtype_t kv_dtype; /* dtype of the KV pools */
+    void *state;          /* backend private */
 
     /* --- memory ------------------------------------------------------------------------- */
     /* Allocates `bytes` of zeroed backend memory; NULL on failure (logged). */
@@ -78,23 +99,48 @@ struct eng_backend {
     /* --- ops ---------------------------------------------------------------------------- */
     /* out (n_tok, dim) f32 = table[ids[t]] widened to fp32.
        table (vocab, dim) `dtype`; ids (n_tok) host, each in [0, vocab) (checked by caller). */
-    int (*embedding)(eng_backend_t *be, float *out, const void *table, eng_dtype_t dtype,
-                     const int32_t *ids, int n_tok, int dim);
+    int (*embedding)(eng_backend_t *be,
+                     float *out,
+                     const void *table,
+                     eng_dtype_t dtype,
+                     const int32_t *ids,
+                     int n_tok,
+                     int dim);
 
     /* out (n, dim) f32 = x / sqrt(mean(x^2) + eps) * w, the HF LlamaRMSNorm (fp32 math).
        x (n, dim) f32; w (dim) `dtype`. out may equal x. */
-    int (*rmsnorm)(eng_backend_t *be, float *out, const float *x, const void *w,
-                   eng_dtype_t dtype, int n, int dim, float eps);
+    int (*rmsnorm)(eng_backend_t *be,
+                   float *out,
+                   const float *x,
+                   const void *w,
+                   eng_dtype_t dtype,
+                   int n,
+                   int dim,
+                   float eps);
 
     /* Fused residual add + RMSNorm: residual (n, dim) f32 += delta (n, dim) f32, then
        out (n, dim) f32 = rmsnorm(residual) * w. */
-    int (*add_rmsnorm)(eng_backend_t *be, float *out, float *residual, const float *delta,
-                       const void *w, eng_dtype_t dtype, int n, int dim, float eps);
+    int (*add_rmsnorm)(eng_backend_t *be,
+                       float *out,
+                       float *residual,
+                       const float *delta,
+                       const void *w,
+                       eng_dtype_t dtype,
+                       int n,
+                       int dim,
+                       float eps);
 
     /* out (n, out_dim) f32 = x (n, in_dim) f32 @ W^T + bias.
        W (out_dim, in_dim) `dtype` (nn.Linear layout); bias (out_dim) `dtype` or NULL. */
-    int (*matmul)(eng_backend_t *be, float *out, const float *x, const void *w,
-                  const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim);
+    int (*matmul)(eng_backend_t *be,
+                  float *out,
+                  const float *x,
+                  const void *w,
+                  const void *bias,
+                  eng_dtype_t dtype,
+                  int n,
+                  int in_dim,
+                  int out_dim);
 
     /* Rotary embedding in place, HF rotate_half convention (the two halves of each head are
        the pair, not interleaved): for i < head_dim/2, with f = pos * theta^(-2i/head_dim)
@@ -102,14 +148,27 @@ struct eng_backend {
        x[i + d/2] <- x[i + d/2] cos f + x[i] sin f.
        q (n_tok, n_head, head_dim) f32; k (n_tok, n_kv_head, head_dim) f32;
        pos (n_tok) host. */
-    int (*rope)(eng_backend_t *be, float *q, float *k, const int32_t *pos, int n_tok,
-                int n_head, int n_kv_head, int head_dim, float theta);
+    int (*rope)(eng_backend_t *be,
+                float *q,
+                float *k,
+                const int32_t *pos,
+                int n_tok,
+                int n_head,
+                int n_kv_head,
+                int head_dim,
+                float theta);
 
     /* Stores this step's keys and values into the paged pools of one layer.
        k, v (n_tok, n_kv_head, head_dim) f32; k_cache, v_cache (n_blocks, block_size,
        n_kv_head, head_dim) kv_dtype; slots (n_tok) host: cache slot of each token. */
-    int (*kv_store)(eng_backend_t *be, void *k_cache, void *v_cache, const float *k,
-                    const float *v, const int32_t *slots, int n_tok, int n_kv_head,
+    int (*kv_store)(eng_backend_t *be,
+                    void *k_cache,
+                    void *v_cache,
+                    const float *k,
+                    const float *v,
+                    const int32_t *slots,
+                    int n_tok,
+                    int n_kv_head,
                     int head_dim);
 
     /* Causal GQA attention over the paged cache of one layer (K/V of this step already
@@ -117,22 +176,35 @@ struct eng_backend {
        head h reading KV head h / (n_head / n_kv_head). q (n_tok, n_head, head_dim) f32;
        k_cache, v_cache (n_blocks, block_size, n_kv_head, head_dim) kv_dtype; n_tok equals
        batch->q_start[batch->n_seq]. */
-    int (*attention)(eng_backend_t *be, float *out, const float *q, const void *k_cache,
-                     const void *v_cache, const eng_attn_batch_t *batch, int n_head,
-                     int n_kv_head, int head_dim, int block_size);
+    int (*attention)(eng_backend_t *be,
+                     float *out,
+                     const float *q,
+                     const void *k_cache,
+                     const void *v_cache,
+                     const eng_attn_batch_t *batch,
+                     int n_head,
+                     int n_kv_head,
+                     int head_dim,
+                     int block_size);
 
     /* Copies one KV block (all layers' pools are separate calls): pools (n_blocks,
        block_size, n_kv_head, head_dim) kv_dtype; block dst <- block src. Copy-on-write. */
-    int (*copy_block)(eng_backend_t *be, void *k_cache, void *v_cache, int src, int dst,
-                      int block_size, int n_kv_head, int head_dim);
+    int (*copy_block)(eng_backend_t *be,
+                      void *k_cache,
+                      void *v_cache,
+                      int src,
+                      int dst,
+                      int block_size,
+                      int n_kv_head,
+                      int head_dim);
 
     /* out (n, ffn) f32 = silu(gate) * up; gate, up (n, ffn) f32. out may equal gate. */
-    int (*swiglu)(eng_backend_t *be, float *out, const float *gate, const float *up, int n,
-                  int ffn);
+    int (*swiglu)(
+        eng_backend_t *be, float *out, const float *gate, const float *up, int n, int ffn);
 
     /* out (n_rows, dim) f32 = x[rows[r]]; x (n_tok, dim) f32; rows (n_rows) host. */
-    int (*gather_rows)(eng_backend_t *be, float *out, const float *x, const int32_t *rows,
-                       int n_rows, int dim);
+    int (*gather_rows)(
+        eng_backend_t *be, float *out, const float *x, const int32_t *rows, int n_rows, int dim);
 
     /* out (n, vocab) f32 = log_softmax(logits) per row (max-subtracted, fp32 sums in double
        on the CPU). out may equal logits. */
@@ -141,6 +213,43 @@ struct eng_backend {
     /* Frees the backend's state and the struct itself (memory from alloc must be freed
        first). Accepts NULL; sets *be_p to NULL. */
     void (*destroy)(eng_backend_t **be_p);
+
+    /* --- optional extensions (NULL when a backend lacks them; the CPU backend sets none).
+       The engine uses a member when it is non-NULL and falls back to the ops above. ------ */
+
+    /* Free and total bytes of backend memory now, to size the KV pools after the weights. */
+    int (*mem_info)(eng_backend_t *be, size_t *free_bytes, size_t *total_bytes);
+
+    /* Announces one step's host index arrays before its ops run, so that a device backend
+       uploads them once per step instead of once per layer. Later ops of the step that receive
+       these same host pointers (ids to embedding, pos and slots to rope/kv_store/rope_kv_store,
+       the batch's arrays to attention, rows to gather_rows) use the uploaded copies; the arrays
+       must not change until the next prepare. Any pointer may be NULL (n_rows 0). */
+    int (*prepare)(eng_backend_t *be, const eng_step_t *step);
+
+    /* Fused rope + kv_store: qkv (n_tok, (n_head + 2 n_kv_head) * head_dim) f32 holds each
+       token's q, k and v side by side (one matmul with the three weights stacked); writes
+       q_out (n_tok, n_head, head_dim) f32 = rope(q), stores rope(k) and v at slots in the
+       caches (layout as kv_store). pos, slots (n_tok) host. qkv is not modified. */
+    int (*rope_kv_store)(eng_backend_t *be, float *q_out, const float *qkv, void *k_cache,
+                         void *v_cache, const int32_t *pos, const int32_t *slots, int n_tok,
+                         int n_head, int n_kv_head, int head_dim, float theta);
+
+    /* SwiGLU over one stacked gate|up matmul output: gu (n, 2 ffn) f32, row r = [gate | up];
+       out (n, ffn) f32 = silu(gate) * up. */
+    int (*swiglu_fused)(eng_backend_t *be, float *out, const float *gu, int n, int ffn);
+
+    /* Samples one token per row on the device from logits (n, vocab) f32 (backend memory) and
+       returns them with their logprobs in host memory: tokens (n) host, logprobs (n) host =
+       log_softmax(logits)[token] in fp32 (the model's own distribution: temperature 1, no
+       truncation). Per row, in this order: temperature (0 = greedy argmax, lowest id on ties),
+       top_k (0 = off), top_p (1 = off, mass over the top-k survivors), min_p (0 = off,
+       relative to the most likely token); then a draw from the survivors' softmax with a
+       counter-based generator keyed by (seed, step), so a row's draw depends on its own
+       logits and parameters only. params (n) host. This is the one host synchronisation of
+       a step. */
+    int (*sample)(eng_backend_t *be, int32_t *tokens, float *logprobs, const float *logits,
+                  int n, int vocab, const eng_sample_params_t *params);
 };
 
 /* Creates a backend by name ("cpu"; "cuda" when built with ANVIL_CUDA). n_threads applies to

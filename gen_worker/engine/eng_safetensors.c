@@ -19,7 +19,7 @@
 #define S_MAX_HEADER (100u << 20) /* the format's own limit is 100 MB */
 
 struct eng_st_file {
-    void *map;       /* mmap'd image, or NULL when parsing a caller's buffer */
+    void *map; /* mmap'd image, or NULL when parsing a caller's buffer */
     size_t map_len;
     int n;
     eng_st_tensor_t *tensors;
@@ -54,8 +54,12 @@ static int s_uint(const cJSON *j, uint64_t *out)
     return 0;
 }
 
-static int s_tensor(const cJSON *item, const uint8_t *data, uint64_t data_len,
-                    eng_st_tensor_t *t, char *err, size_t errlen)
+static int s_tensor(const cJSON *item,
+                    const uint8_t *data,
+                    uint64_t data_len,
+                    eng_st_tensor_t *t,
+                    char *err,
+                    size_t errlen)
 {
     const char *name = item->string;
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(item, "dtype");
@@ -73,8 +77,7 @@ static int s_tensor(const cJSON *item, const uint8_t *data, uint64_t data_len,
     }
     int nd = cJSON_GetArraySize(shape);
     if (nd > ENG_ST_MAX_DIMS) {
-        snprintf(err, errlen, "tensor '%s': %d dimensions (at most %d)", name, nd,
-                 ENG_ST_MAX_DIMS);
+        snprintf(err, errlen, "tensor '%s': %d dimensions (at most %d)", name, nd, ENG_ST_MAX_DIMS);
         return -1;
     }
     uint64_t elems = 1;
@@ -103,8 +106,8 @@ static int s_tensor(const cJSON *item, const uint8_t *data, uint64_t data_len,
         return -1;
     }
     if (elems > UINT64_MAX / 4 || end - begin != elems * eng_dtype_size(t->dtype)) {
-        snprintf(err, errlen, "tensor '%s': %llu data bytes do not match its shape and dtype",
-                 name, (unsigned long long)(end - begin));
+        snprintf(err, errlen, "tensor '%s': %llu data bytes do not match its shape and dtype", name,
+                 (unsigned long long)(end - begin));
         return -1;
     }
     t->data = data + begin;

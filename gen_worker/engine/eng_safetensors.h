@@ -19,11 +19,11 @@
 #define ENG_ST_MAX_DIMS 8
 
 typedef struct {
-    const char *name;     /* borrowed from the file object */
+    const char *name; /* borrowed from the file object */
     eng_dtype_t dtype;
     int ndim;
     int64_t shape[ENG_ST_MAX_DIMS];
-    const void *data;     /* into the mapping */
+    const void *data; /* into the mapping */
     size_t nbytes;
 } eng_st_tensor_t;
 

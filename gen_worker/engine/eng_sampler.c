@@ -150,8 +150,13 @@ static void s_top_k(s_cand_t *c, int n, int k)
     qsort(c, (size_t)k, sizeof(s_cand_t), s_cmp_desc);
 }
 
-int eng_sampler_sample(eng_sampler_t *self, const float *lp, const eng_sampling_t *p,
-                       eng_rng_t *rng, int32_t *token, float *logprob, eng_top_t *top)
+int eng_sampler_sample(eng_sampler_t *self,
+                       const float *lp,
+                       const eng_sampling_t *p,
+                       eng_rng_t *rng,
+                       int32_t *token,
+                       float *logprob,
+                       eng_top_t *top)
 {
     int V = self->vocab, n = V;
     s_cand_t *c = self->c;

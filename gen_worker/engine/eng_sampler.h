@@ -51,7 +51,12 @@ eng_sampler_t *eng_sampler_new(int vocab);
 void eng_sampler_destroy(eng_sampler_t **self_p);
 /* Samples from logprobs (vocab) fp32. Sets *token and *logprob; fills top[0 ..
    p->n_top_logprobs) in descending order when top is not NULL. Returns 0 or -EINVAL. */
-int eng_sampler_sample(eng_sampler_t *self, const float *logprobs, const eng_sampling_t *p,
-                       eng_rng_t *rng, int32_t *token, float *logprob, eng_top_t *top);
+int eng_sampler_sample(eng_sampler_t *self,
+                       const float *logprobs,
+                       const eng_sampling_t *p,
+                       eng_rng_t *rng,
+                       int32_t *token,
+                       float *logprob,
+                       eng_top_t *top);
 
 #endif

@@ -10,7 +10,7 @@
     applies. BPE on a piece keeps the rank of each adjacent pair in an array and repeatedly
     merges the leftmost pair of lowest rank, which is what HF's priority queue computes.
 */
-#define _GNU_SOURCE /* qsort_r */
+#define _GNU_SOURCE           /* qsort_r */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "eng_tokenizer.h"
 
@@ -47,12 +47,12 @@ typedef struct {
 
 struct eng_tokenizer {
     int n_ids;
-    char **tok_str;         /* (n_ids) token string as in the file, NULL for holes */
-    eng_buf_t *tok_bytes;   /* (n_ids) decoded bytes */
-    bool *is_special;       /* (n_ids) */
-    eng_strmap_t *vocab;    /* token string -> id (model vocab and added tokens) */
-    eng_strmap_t *merges;   /* (id_a, id_b) as 8 bytes -> rank */
-    int32_t *merge_into;    /* (n_merges) */
+    char **tok_str;       /* (n_ids) token string as in the file, NULL for holes */
+    eng_buf_t *tok_bytes; /* (n_ids) decoded bytes */
+    bool *is_special;     /* (n_ids) */
+    eng_strmap_t *vocab;  /* token string -> id (model vocab and added tokens) */
+    eng_strmap_t *merges; /* (id_a, id_b) as 8 bytes -> rank */
+    int32_t *merge_into;  /* (n_merges) */
     int n_merges;
     bool ignore_merges;
     int32_t byte_id[256];   /* vocab id of each byte's character, -1 if absent */
@@ -60,7 +60,7 @@ struct eng_tokenizer {
     int byte_char_len[256];
     s_added_t *added;
     int n_added;
-    int *bucket[256];       /* indices into added, longest first */
+    int *bucket[256]; /* indices into added, longest first */
     int bucket_n[256];
     s_step_t steps[S_MAX_STEPS];
     int n_steps;
@@ -94,7 +94,11 @@ static int s_utf8_put(char *out, int cp)
 /* Decodes one UTF-8 code point at s (n bytes left); returns its length or 0 when invalid. */
 static int s_utf8_get(const unsigned char *s, size_t n, int *cp)
 {
-    int len = s[0] < 0x80 ? 1 : (s[0] >> 5) == 6 ? 2 : (s[0] >> 4) == 14 ? 3 : (s[0] >> 3) == 30 ? 4 : 0;
+    int len = s[0] < 0x80         ? 1
+              : (s[0] >> 5) == 6  ? 2
+              : (s[0] >> 4) == 14 ? 3
+              : (s[0] >> 3) == 30 ? 4
+                                  : 0;
     if (!len || (size_t)len > n)
         return 0;
     int c = len == 1 ? s[0] : s[0] & (0x7f >> len);
@@ -115,7 +119,10 @@ size_t eng_utf8_complete_prefix(const char *str, size_t n)
         unsigned char c = s[n - back];
         if ((c & 0xc0) == 0x80)
             continue; /* continuation byte: keep looking for its lead */
-        size_t need = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 1;
+        size_t need = c >= 0xf0 && c <= 0xf4  ? 4
+                      : c >= 0xe0 && c < 0xf0 ? 3
+                      : c >= 0xc2 && c < 0xe0 ? 2
+                                              : 1;
         return need > back ? n - back : n;
     }
     return n;
@@ -127,8 +134,8 @@ static pcre2_code *s_compile(const char *pattern, size_t len, char *err, size_t 
 {
     int ec;
     PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP, &ec, &off,
-                                   NULL);
+    pcre2_code *re =
+        pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP, &ec, &off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ec, msg, sizeof(msg));
@@ -234,8 +241,7 @@ static const char *s_token_content(const cJSON *j)
     return cJSON_IsString(c) ? c->valuestring : NULL;
 }
 
-static int s_set_token(eng_tokenizer_t *self, int32_t id, const char *str, char *err,
-                       size_t errlen)
+static int s_set_token(eng_tokenizer_t *self, int32_t id, const char *str, char *err, size_t errlen)
 {
     if (id < 0 || id >= self->n_ids) {
         snprintf(err, errlen, "tokenizer.json: token id %d out of range", id);
@@ -323,8 +329,10 @@ static int s_load_merges(eng_tokenizer_t *self, const cJSON *merges, char *err, 
             goto out;
         if (!eng_strmap_get(self->vocab, a, la, &ia) || !eng_strmap_get(self->vocab, b, lb, &ib) ||
             !eng_strmap_get(self->vocab, cat.p, cat.n, &ic)) {
-            snprintf(err, errlen, "tokenizer.json: merge #%d ('%s' '%s') uses a token missing "
-                     "from the vocab", self->n_merges, a, b);
+            snprintf(err, errlen,
+                     "tokenizer.json: merge #%d ('%s' '%s') uses a token missing "
+                     "from the vocab",
+                     self->n_merges, a, b);
             rc = ANV_EFORMAT;
             goto out;
         }
@@ -397,7 +405,8 @@ static int s_load(eng_tokenizer_t *self, const char *dir, cJSON *root, char *err
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")) ||
         cJSON_IsString(cJSON_GetObjectItemCaseSensitive(model, "continuing_subword_prefix")) ||
         cJSON_IsString(cJSON_GetObjectItemCaseSensitive(model, "end_of_word_suffix"))) {
-        snprintf(err, errlen, "tokenizer.json: byte_fallback / subword prefixes are not "
+        snprintf(err, errlen,
+                 "tokenizer.json: byte_fallback / subword prefixes are not "
                  "supported (byte-level BPE only)");
         return ANV_EUNSUPPORTED;
     }
@@ -415,7 +424,8 @@ static int s_load(eng_tokenizer_t *self, const char *dir, cJSON *root, char *err
     }
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(dec, "type");
-    if (dec && !cJSON_IsNull(dec) && (!cJSON_IsString(dt) || strcmp(dt->valuestring, "ByteLevel"))) {
+    if (dec && !cJSON_IsNull(dec) &&
+        (!cJSON_IsString(dt) || strcmp(dt->valuestring, "ByteLevel"))) {
         snprintf(err, errlen, "tokenizer.json: decoder '%s' is not supported (only ByteLevel)",
                  cJSON_IsString(dt) ? dt->valuestring : "?");
         return ANV_EUNSUPPORTED;
@@ -497,15 +507,16 @@ static int s_load(eng_tokenizer_t *self, const char *dir, cJSON *root, char *err
             self->byte_id[b] = -1;
     }
     for (int id = 0; id < self->n_ids; id++)
-        if (self->tok_str[id] && (rc = s_token_bytes(self->tok_str[id], byte_of_cp,
-                                                     &self->tok_bytes[id])))
+        if (self->tok_str[id] &&
+            (rc = s_token_bytes(self->tok_str[id], byte_of_cp, &self->tok_bytes[id])))
             return rc;
     /* pre-tokenizer: must include the ByteLevel step that defines a byte-level BPE */
     const cJSON *pt = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    if (!pt || cJSON_IsNull(pt) || (rc = s_add_step(self, pt, err, errlen)) ||
-        self->n_steps == 0 || self->steps[self->n_steps - 1].kind != S_STEP_BYTELEVEL) {
+    if (!pt || cJSON_IsNull(pt) || (rc = s_add_step(self, pt, err, errlen)) || self->n_steps == 0 ||
+        self->steps[self->n_steps - 1].kind != S_STEP_BYTELEVEL) {
         if (!err[0])
-            snprintf(err, errlen, "tokenizer.json: pre-tokenizer must end with ByteLevel "
+            snprintf(err, errlen,
+                     "tokenizer.json: pre-tokenizer must end with ByteLevel "
                      "(byte-level BPE only)");
         return rc ? rc : ANV_EUNSUPPORTED;
     }
@@ -608,7 +619,11 @@ static int s_piece_add(s_pieces_t *p, const char *s, size_t len, bool prefix_spa
 }
 
 /* Splits s by re (Isolated: gaps and matches; Removed: gaps only) into out. */
-static int s_split(const pcre2_code *re, bool removed, const char *s, size_t n, s_pieces_t *out,
+static int s_split(const pcre2_code *re,
+                   bool removed,
+                   const char *s,
+                   size_t n,
+                   s_pieces_t *out,
                    pcre2_match_data *md)
 {
     size_t pos = 0, last = 0;
@@ -699,8 +714,8 @@ out:
 }
 
 /* Pre-tokenizes and BPE-encodes one segment free of added tokens. */
-static int s_encode_segment(const eng_tokenizer_t *self, const char *s, size_t n,
-                            pcre2_match_data *md, eng_ids_t *out)
+static int s_encode_segment(
+    const eng_tokenizer_t *self, const char *s, size_t n, pcre2_match_data *md, eng_ids_t *out)
 {
     if (n == 0)
         return 0;
@@ -746,14 +761,14 @@ static bool s_ws(char c)
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
-int eng_tokenizer_encode(const eng_tokenizer_t *self, const char *text, size_t len,
-                         bool match_special, eng_ids_t *out)
+int eng_tokenizer_encode(
+    const eng_tokenizer_t *self, const char *text, size_t len, bool match_special, eng_ids_t *out)
 {
     int cp;
     for (size_t i = 0; i < len;) { /* validate once: PCRE2 would refuse piece by piece */
         int l = s_utf8_get((const unsigned char *)text + i, len - i, &cp);
-        if (!l || (cp >= 0xd800 && cp < 0xe000) || cp > 0x10ffff ||
-            (l == 2 && cp < 0x80) || (l == 3 && cp < 0x800) || (l == 4 && cp < 0x10000))
+        if (!l || (cp >= 0xd800 && cp < 0xe000) || cp > 0x10ffff || (l == 2 && cp < 0x80) ||
+            (l == 3 && cp < 0x800) || (l == 4 && cp < 0x10000))
             return ANV_EFORMAT;
         i += (size_t)l;
     }

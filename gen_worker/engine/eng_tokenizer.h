@@ -35,8 +35,8 @@ void eng_tokenizer_destroy(eng_tokenizer_t **self_p);
 /* Appends the ids of text[0, len) to out. With match_special false, added tokens are not
    looked for (user content inside a chat template). Returns 0, ANV_EFORMAT for text that is
    not valid UTF-8, or -ENOMEM. */
-int eng_tokenizer_encode(const eng_tokenizer_t *self, const char *text, size_t len,
-                         bool match_special, eng_ids_t *out);
+int eng_tokenizer_encode(
+    const eng_tokenizer_t *self, const char *text, size_t len, bool match_special, eng_ids_t *out);
 /* Appends the bytes of ids to out (not necessarily valid UTF-8 for arbitrary ids). Unknown ids
    contribute nothing. */
 int eng_tokenizer_decode(const eng_tokenizer_t *self, const int32_t *ids, int n, eng_buf_t *out);

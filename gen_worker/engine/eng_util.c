@@ -67,7 +67,7 @@ void eng_buf_release(eng_buf_t *b)
 
 typedef struct {
     uint64_t hash;
-    size_t off;   /* into arena; (size_t)-1 = empty */
+    size_t off; /* into arena; (size_t)-1 = empty */
     uint32_t len;
     int32_t value;
 } s_slot_t;
@@ -204,31 +204,44 @@ size_t eng_strmap_count(const eng_strmap_t *self)
     return self->count;
 }
 
-char *eng_utf8_lossy(const char *s, size_t n)
+char *eng_utf8_lossy(const char *str, size_t n)
 {
+    return eng_utf8_lossy_len(str, n, NULL);
+}
+
+char *eng_utf8_lossy_len(const char *str, size_t n, size_t *len_out)
+{
+    const unsigned char *s = (const unsigned char *)str;
     eng_buf_t out = {0};
-    const unsigned char *p = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        int len = p[i] < 0x80 ? 1 : (p[i] >> 5) == 6 ? 2 : (p[i] >> 4) == 14 ? 3
-                : (p[i] >> 3) == 30 ? 4 : 0;
-        bool ok = len > 0 && i + (size_t)len <= n;
-        for (int k = 1; ok && k < len; k++)
-            ok = (p[i + k] & 0xc0) == 0x80;
-        if (ok && len > 1) { /* reject overlong forms, surrogates, > U+10FFFF */
-            unsigned cp = p[i] & (0x7f >> len);
-            for (int k = 1; k < len; k++)
-                cp = (cp << 6) | (p[i + k] & 0x3f);
-            ok = !((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-                   (len == 4 && cp < 0x10000) || (cp >= 0xd800 && cp < 0xe000) || cp > 0x10ffff);
+    int rc = eng_buf_append(&out, "", 0);
+    for (size_t i = 0; i < n && !rc;) {
+        unsigned char c = s[i];
+        size_t need = c < 0x80                 ? 1
+                      : c >= 0xc2 && c <= 0xdf ? 2
+                      : c >= 0xe0 && c <= 0xef ? 3
+                      : c >= 0xf0 && c <= 0xf4 ? 4
+                                               : 0;
+        /* the second byte's range depends on the lead (no overlongs, surrogates, > U+10FFFF) */
+        unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+        unsigned char hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+        size_t k = 1;
+        while (need > 1 && k < need && i + k < n) {
+            unsigned char b = s[i + k];
+            if (k == 1 ? (b < lo || b > hi) : (b & 0xc0) != 0x80)
+                break;
+            k++;
         }
-        if (ok) {
-            eng_buf_append(&out, s + i, (size_t)len);
-            i += (size_t)len;
+        if (need > 0 && k == need) {
+            rc = eng_buf_append(&out, str + i, need);
+            i += need;
         } else {
-            eng_buf_append(&out, "\xef\xbf\xbd", 3);
-            i++;
+            rc = eng_buf_append(&out, "\xef\xbf\xbd", 3);
+            i += k; /* the maximal subpart: the lead and the continuation bytes it accepted */
         }
     }
-    eng_buf_append(&out, "", 0);
+    if (rc)
+        eng_buf_release(&out);
+    else if (len_out)
+        *len_out = out.n;
     return out.p;
 }

@@ -22,7 +22,7 @@ int eng_ids_append(eng_ids_t *a, const int32_t *x, int n);
 void eng_ids_release(eng_ids_t *a);
 
 typedef struct {
-    char *p;     /* always NUL-terminated when non-NULL */
+    char *p; /* always NUL-terminated when non-NULL */
     size_t n, cap;
 } eng_buf_t;
 
@@ -39,10 +39,13 @@ int eng_strmap_put(eng_strmap_t *self, const void *key, size_t len, int32_t valu
 bool eng_strmap_get(const eng_strmap_t *self, const void *key, size_t len, int32_t *value);
 size_t eng_strmap_count(const eng_strmap_t *self);
 
-/* A NUL-terminated copy of s[0..n) that is valid UTF-8: each byte of an invalid, overlong,
-   surrogate or out-of-range sequence becomes U+FFFD. Token ids stay the exact record; this is
-   for text that goes into JSON or protobuf string fields. The caller frees it; NULL when out
-   of memory. */
+/* A NUL-terminated copy of s[0..n) that is valid UTF-8: each maximal invalid subpart (of an
+   invalid, overlong, surrogate, out-of-range or cut sequence) becomes one U+FFFD, the rule of
+   Python's errors="replace" and Rust's from_utf8_lossy, so texts compare with HF's decode. Token
+   ids stay the exact record; this is for text that goes into JSON or protobuf string fields. The
+   caller frees it; NULL when out of memory. */
 char *eng_utf8_lossy(const char *s, size_t n);
+/* The same, with the result's length in *len_out (it may hold NUL bytes: U+0000 is valid). */
+char *eng_utf8_lossy_len(const char *s, size_t n, size_t *len_out);
 
 #endif

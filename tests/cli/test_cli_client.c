@@ -180,6 +180,19 @@ static void *s_peer_main(void *arg)
         default:
             if (req->body_case == ANVIL__ENVELOPE__BODY_SUBMIT) {
                 s_submit_reply(id, rid, req->submit);
+            } else if (req->body_case == ANVIL__ENVELOPE__BODY_STATUS) {
+                Anvil__StatusReply st;
+                Anvil__JobStatus js, *jss[1] = {&js};
+                anvil__status_reply__init(&st);
+                anvil__job_status__init(&js);
+                js.job_id = "01JOBTEST0000000000000000A";
+                js.has_state = true;
+                js.state = ANVIL__JOB_STATE__JOB_DONE;
+                st.jobs = jss;
+                st.n_jobs = 1;
+                env.body_case = ANVIL__ENVELOPE__BODY_STATUS_REPLY;
+                env.status_reply = &st;
+                s_reply(id, rid, &env);
             } else if (req->body_case == ANVIL__ENVELOPE__BODY_RESULTS) {
                 s_results_reply(id, rid, req->results->cursor);
             } else if (req->body_case == ANVIL__ENVELOPE__BODY_WORKERS) {

@@ -30,7 +30,8 @@ int main(int argc, char **argv)
     if (chunk == 0)
         chunk = n;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n), *pos = malloc(sizeof(int32_t) * (size_t)n),
-            *slots = malloc(sizeof(int32_t) * (size_t)n), *rows = malloc(sizeof(int32_t) * (size_t)n);
+            *slots = malloc(sizeof(int32_t) * (size_t)n),
+            *rows = malloc(sizeof(int32_t) * (size_t)n);
     for (int i = 0; i < n; i++)
         ids[i] = atoi(argv[5 + i]);
     char err[256];

@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* cmocka needs the headers above first */
 #include <cmocka.h>
 
 #include "eng_kv.h"

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* cmocka needs the headers above first */
 #include <cmocka.h>
 
 #include "eng_safetensors.h"
@@ -68,25 +70,25 @@ static void test_refused(void **state)
               "unsupported dtype 'I8'");
     s_refused("{\"a\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8,
               "unsupported dtype 'F64'");
-    s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8,
-              "truncated");
+    s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, "truncated");
     s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,16]}}", 16,
               "do not match");
     s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 16,
               "bad data_offsets");
-    s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 16,
-              "bad shape");
+    s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 16, "bad shape");
     s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 16,
               "bad shape");
     s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],"
-              "\"data_offsets\":[0,4]}}", 16, "bad shape");
+              "\"data_offsets\":[0,4]}}",
+              16, "bad shape");
     s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
               16, "dimensions");
     s_refused("{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 16, "malformed");
     s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 16, "malformed");
     s_refused("{\"a\":7}", 16, "malformed");
     s_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-              "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 16, "twice");
+              "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+              16, "twice");
 }
 
 static void test_bad_length_prefix(void **state)
@@ -111,8 +113,8 @@ static void test_open_truncated_file(void **state)
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     size_t len;
-    uint8_t *b = s_image("{\"a\":{\"dtype\":\"F32\",\"shape\":[64],\"data_offsets\":[0,256]}}", 256,
-                         &len);
+    uint8_t *b =
+        s_image("{\"a\":{\"dtype\":\"F32\",\"shape\":[64],\"data_offsets\":[0,256]}}", 256, &len);
     assert_int_equal(write(fd, b, len - 100), (ssize_t)(len - 100)); /* cut the data short */
     close(fd);
     char err[512] = "";

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+/* cmocka needs the headers above first */
 #include <cmocka.h>
 
 #include "eng_sampler.h"
@@ -148,8 +150,8 @@ static void test_top_logprobs_and_checks(void **state)
     assert_int_equal(top[1].id, 0);
     assert_int_equal(top[2].id, 1);
     assert_true(top[1].logprob == lp[0]);
-    eng_sampling_t bad[] = {{-1, 0, 1, 0, 0}, {1, -1, 1, 0, 0}, {1, 0, 0, 0, 0},
-                            {1, 0, 1.5f, 0, 0}, {1, 0, 1, 2, 0}, {1, 0, 1, 0, 99},
+    eng_sampling_t bad[] = {{-1, 0, 1, 0, 0},   {1, -1, 1, 0, 0}, {1, 0, 0, 0, 0},
+                            {1, 0, 1.5f, 0, 0}, {1, 0, 1, 2, 0},  {1, 0, 1, 0, 99},
                             {NAN, 0, 1, 0, 0}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_int_not_equal(eng_sampling_check(&bad[i]), 0);

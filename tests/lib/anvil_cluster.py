@@ -44,7 +44,7 @@ def free_port():
 def make_tiny_model(out_dir, **kw):
     """A small random Llama checkpoint with a real trained BPE tokenizer (tests/engine)."""
     args = [os.path.join(REPO, ".venv", "bin", "python"),
-            os.path.join(REPO, "tests", "engine", "tiny_model.py"), out_dir]
+            os.path.join(REPO, "gen_worker", "engine", "tools", "tiny_model.py"), out_dir]
     for k, v in kw.items():
         args += ["--" + k.replace("_", "-"), str(v)]
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -20,8 +20,8 @@
 
 typedef struct {
     eng_cpu_pool_t *pool;
-    float **scratch;   /* per thread */
-    size_t scratch_n;  /* floats per scratch row */
+    float **scratch;  /* per thread */
+    size_t scratch_n; /* floats per scratch row */
 } s_cpu_t;
 
 static s_cpu_t *s_state(eng_backend_t *be)
@@ -113,6 +113,20 @@ static inline float s_dot(const float *a, const float *b, int n)
     return s;
 }
 
+/* dot(a, widen(w)) for a bf16 row, without a widened copy (decode steps, few rows) */
+static inline float s_dot_bf16(const float *a, const uint16_t *w, int n)
+{
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * s_bf16(w[i + j]);
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * s_bf16(w[i]);
+    return s;
+}
+
 /* --- memory ------------------------------------------------------------------------------ */
 
 static void *s_alloc(eng_backend_t *be, size_t bytes)
@@ -152,8 +166,13 @@ static int s_sync(eng_backend_t *be)
 
 /* --- ops --------------------------------------------------------------------------------- */
 
-static int s_embedding(eng_backend_t *be, float *out, const void *table, eng_dtype_t dtype,
-                       const int32_t *ids, int n_tok, int dim)
+static int s_embedding(eng_backend_t *be,
+                       float *out,
+                       const void *table,
+                       eng_dtype_t dtype,
+                       const int32_t *ids,
+                       int n_tok,
+                       int dim)
 {
     for (int t = 0; t < n_tok; t++)
         eng_cpu_widen(out + (size_t)t * dim, table, dtype, (size_t)ids[t] * dim, (size_t)dim);
@@ -171,8 +190,14 @@ static void s_norm_row(float *out, const float *x, const float *w, int dim, floa
         out[i] = w[i] * (x[i] * inv);
 }
 
-static int s_rmsnorm(eng_backend_t *be, float *out, const float *x, const void *w,
-                     eng_dtype_t dtype, int n, int dim, float eps)
+static int s_rmsnorm(eng_backend_t *be,
+                     float *out,
+                     const float *x,
+                     const void *w,
+                     eng_dtype_t dtype,
+                     int n,
+                     int dim,
+                     float eps)
 {
     s_cpu_t *st = s_state(be);
     if (s_scratch(st, (size_t)dim))
@@ -184,8 +209,15 @@ static int s_rmsnorm(eng_backend_t *be, float *out, const float *x, const void *
     return 0;
 }
 
-static int s_add_rmsnorm(eng_backend_t *be, float *out, float *residual, const float *delta,
-                         const void *w, eng_dtype_t dtype, int n, int dim, float eps)
+static int s_add_rmsnorm(eng_backend_t *be,
+                         float *out,
+                         float *residual,
+                         const float *delta,
+                         const void *w,
+                         eng_dtype_t dtype,
+                         int n,
+                         int dim,
+                         float eps)
 {
     for (size_t i = 0; i < (size_t)n * dim; i++)
         residual[i] += delta[i];
@@ -201,10 +233,31 @@ typedef struct {
     int n, in_dim, out_dim;
 } s_matmul_job_t;
 
-static void s_matmul_rows(void *varg, int begin, int end, int ti)
+/* The hot loops are also compiled for AVX2 (picked at load time by the CPU's features). No
+   FMA: the eight explicit partial sums give bit-identical results at any vector width. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__)
+#define S_HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define S_HOT
+#endif
+
+S_HOT static void s_matmul_rows(void *varg, int begin, int end, int ti)
 {
     s_matmul_job_t *j = varg;
     float *wrow = j->st->scratch[ti];
+    if (j->dtype == ENG_DTYPE_BF16 && j->n <= 2) { /* same sums as s_dot on the widened row */
+        const uint16_t *w = j->w;
+        for (int o = begin; o < end; o++) {
+            float b = 0;
+            if (j->bias)
+                eng_cpu_widen(&b, j->bias, j->dtype, (size_t)o, 1);
+            for (int r = 0; r < j->n; r++)
+                j->out[(size_t)r * j->out_dim + o] =
+                    s_dot_bf16(j->x + (size_t)r * j->in_dim, w + (size_t)o * j->in_dim, j->in_dim) +
+                    b;
+        }
+        return;
+    }
     for (int o = begin; o < end; o++) {
         eng_cpu_widen(wrow, j->w, j->dtype, (size_t)o * j->in_dim, (size_t)j->in_dim);
         float b = 0;
@@ -216,8 +269,15 @@ static void s_matmul_rows(void *varg, int begin, int end, int ti)
     }
 }
 
-static int s_matmul(eng_backend_t *be, float *out, const float *x, const void *w,
-                    const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim)
+static int s_matmul(eng_backend_t *be,
+                    float *out,
+                    const float *x,
+                    const void *w,
+                    const void *bias,
+                    eng_dtype_t dtype,
+                    int n,
+                    int in_dim,
+                    int out_dim)
 {
     s_cpu_t *st = s_state(be);
     if (!out || !x || !w || n <= 0 || in_dim <= 0 || out_dim <= 0)
@@ -239,8 +299,15 @@ static void s_rope_head(float *x, int head_dim, const float *cs, const float *sn
     }
 }
 
-static int s_rope(eng_backend_t *be, float *q, float *k, const int32_t *pos, int n_tok,
-                  int n_head, int n_kv_head, int head_dim, float theta)
+static int s_rope(eng_backend_t *be,
+                  float *q,
+                  float *k,
+                  const int32_t *pos,
+                  int n_tok,
+                  int n_head,
+                  int n_kv_head,
+                  int head_dim,
+                  float theta)
 {
     s_cpu_t *st = s_state(be);
     int half = head_dim / 2;
@@ -263,8 +330,14 @@ static int s_rope(eng_backend_t *be, float *q, float *k, const int32_t *pos, int
     return 0;
 }
 
-static int s_kv_store(eng_backend_t *be, void *k_cache, void *v_cache, const float *k,
-                      const float *v, const int32_t *slots, int n_tok, int n_kv_head,
+static int s_kv_store(eng_backend_t *be,
+                      void *k_cache,
+                      void *v_cache,
+                      const float *k,
+                      const float *v,
+                      const int32_t *slots,
+                      int n_tok,
+                      int n_kv_head,
                       int head_dim)
 {
     size_t row = (size_t)n_kv_head * head_dim;
@@ -285,7 +358,7 @@ typedef struct {
     int n_head, n_kv_head, head_dim, block_size;
 } s_attn_job_t;
 
-static void s_attn_items(void *varg, int begin, int end, int ti)
+S_HOT static void s_attn_items(void *varg, int begin, int end, int ti)
 {
     s_attn_job_t *j = varg;
     const eng_attn_batch_t *b = j->b;
@@ -325,9 +398,16 @@ static void s_attn_items(void *varg, int begin, int end, int ti)
     }
 }
 
-static int s_attention(eng_backend_t *be, float *out, const float *q, const void *k_cache,
-                       const void *v_cache, const eng_attn_batch_t *batch, int n_head,
-                       int n_kv_head, int head_dim, int block_size)
+static int s_attention(eng_backend_t *be,
+                       float *out,
+                       const float *q,
+                       const void *k_cache,
+                       const void *v_cache,
+                       const eng_attn_batch_t *batch,
+                       int n_head,
+                       int n_kv_head,
+                       int head_dim,
+                       int block_size)
 {
     s_cpu_t *st = s_state(be);
     int n_tok = batch->q_start[batch->n_seq];
@@ -345,15 +425,21 @@ static int s_attention(eng_backend_t *be, float *out, const float *q, const void
     for (int s = 0; s < batch->n_seq; s++)
         for (int t = batch->q_start[s]; t < batch->q_start[s + 1]; t++)
             tok_seq[t] = s;
-    s_attn_job_t j = {st, out, q, k_cache, v_cache, batch, tok_seq,
-                      n_head, n_kv_head, head_dim, block_size};
+    s_attn_job_t j = {st,      out,    q,         k_cache,  v_cache,   batch,
+                      tok_seq, n_head, n_kv_head, head_dim, block_size};
     eng_cpu_pool_run(st->pool, n_tok * n_head, s_attn_items, &j);
     free(tok_seq);
     return 0;
 }
 
-static int s_copy_block(eng_backend_t *be, void *k_cache, void *v_cache, int src, int dst,
-                        int block_size, int n_kv_head, int head_dim)
+static int s_copy_block(eng_backend_t *be,
+                        void *k_cache,
+                        void *v_cache,
+                        int src,
+                        int dst,
+                        int block_size,
+                        int n_kv_head,
+                        int head_dim)
 {
     size_t blk = (size_t)block_size * n_kv_head * head_dim;
     memcpy((float *)k_cache + (size_t)dst * blk, (float *)k_cache + (size_t)src * blk,
@@ -363,8 +449,8 @@ static int s_copy_block(eng_backend_t *be, void *k_cache, void *v_cache, int src
     return 0;
 }
 
-static int s_swiglu(eng_backend_t *be, float *out, const float *gate, const float *up, int n,
-                    int ffn)
+static int
+s_swiglu(eng_backend_t *be, float *out, const float *gate, const float *up, int n, int ffn)
 {
     for (size_t i = 0; i < (size_t)n * ffn; i++) {
         float g = gate[i];
@@ -373,8 +459,8 @@ static int s_swiglu(eng_backend_t *be, float *out, const float *gate, const floa
     return 0;
 }
 
-static int s_gather_rows(eng_backend_t *be, float *out, const float *x, const int32_t *rows,
-                         int n_rows, int dim)
+static int s_gather_rows(
+    eng_backend_t *be, float *out, const float *x, const int32_t *rows, int n_rows, int dim)
 {
     for (int r = 0; r < n_rows; r++)
         memmove(out + (size_t)r * dim, x + (size_t)rows[r] * dim, (size_t)dim * sizeof(float));

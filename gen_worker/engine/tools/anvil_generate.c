@@ -28,23 +28,53 @@
 #include "eng_engine.h"
 
 typedef struct {
-    char *model, *prompt, *prompts, *tokenize, *tokenize_jsonl, *backend, *seed, *stop,
-        *log_level;
-    int64_t max_tokens, top_k, n, threads, block_size, kv_blocks, max_batch_tokens,
-        max_context, top_logprobs;
+    char *model, *prompt, *prompts, *tokenize, *tokenize_jsonl, *backend, *seed, *stop, *log_level;
+    int64_t max_tokens, top_k, n, threads, block_size, kv_blocks, max_batch_tokens, max_context,
+        top_logprobs;
     double temperature, top_p, min_p;
     bool chat, json, ignore_eos, no_prefix_sharing;
 } s_args_t;
 
+/* s[0, n) as a quoted JSON string (caller frees): repaired to valid UTF-8 (U+FFFD), and
+   escaped byte by byte, so an embedded NUL survives as \u0000 (cJSON's strings stop there).
+   NULL when out of memory. */
+static char *s_json_text(const char *s, size_t n)
+{
+    size_t un = 0;
+    char *u = eng_utf8_lossy_len(s, n, &un);
+    eng_buf_t out = {0};
+    int rc = u ? eng_buf_append(&out, "\"", 1) : -ENOMEM;
+    for (size_t i = 0; i < un && !rc; i++) {
+        unsigned char c = (unsigned char)u[i];
+        char esc[8];
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)c;
+            rc = eng_buf_append(&out, esc, 2);
+        } else if (c < 0x20) {
+            snprintf(esc, sizeof(esc), "\\u%04x", c);
+            rc = eng_buf_append(&out, esc, 6);
+        } else {
+            rc = eng_buf_append(&out, &u[i], 1);
+        }
+    }
+    rc = rc ? rc : eng_buf_append(&out, "\"", 1);
+    free(u);
+    if (rc)
+        eng_buf_release(&out);
+    return out.p;
+}
+
 static void s_print_sample(const eng_sample_t *s, bool json)
 {
-    char *text = eng_utf8_lossy(s->text, s->text_len);
     if (!json) {
-        printf("--- %s #%d (%s, %d tokens)\n%s\n", s->request_id, s->index,
-               eng_finish_name(s->finish), s->n_tokens, text ? text : "");
-        free(text);
+        printf("--- %s #%d (%s, %d tokens)\n", s->request_id, s->index, eng_finish_name(s->finish),
+               s->n_tokens);
+        fwrite(s->text, 1, s->text_len, stdout);
+        putchar('\n');
         return;
     }
+    char *text = s_json_text(s->text, s->text_len);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", s->request_id);
     cJSON_AddNumberToObject(o, "index", s->index);
@@ -60,7 +90,7 @@ static void s_print_sample(const eng_sample_t *s, bool json)
         snprintf(num, sizeof(num), "%.9g", (double)s->logprobs[i]);
         cJSON_AddItemToArray(lps, cJSON_CreateRaw(num));
     }
-    cJSON_AddStringToObject(o, "text", text ? text : "");
+    cJSON_AddRawToObject(o, "text", text ? text : "\"\"");
     cJSON_AddStringToObject(o, "finish_reason", eng_finish_name(s->finish));
     cJSON_AddNumberToObject(o, "weight_version", (double)s->weight_version);
     if (s->n_top && s->top) {
@@ -87,6 +117,19 @@ static void s_print_sample(const eng_sample_t *s, bool json)
     free(text);
 }
 
+/* True when a JSON line escapes a NUL character (an odd run of backslashes before u0000). */
+static bool s_has_nul_escape(const char *line)
+{
+    for (const char *p = strstr(line, "u0000"); p; p = strstr(p + 1, "u0000")) {
+        int bs = 0;
+        for (const char *q = p - 1; q >= line && *q == '\\'; q--)
+            bs++;
+        if (bs % 2 == 1)
+            return true;
+    }
+    return false;
+}
+
 static int s_print_ids(const eng_ids_t *ids, const char *decoded, size_t dlen, bool json)
 {
     if (!json) {
@@ -95,13 +138,13 @@ static int s_print_ids(const eng_ids_t *ids, const char *decoded, size_t dlen, b
         putchar('\n');
         return 0;
     }
-    cJSON *arr = cJSON_CreateIntArray(ids->v, ids->n);
+    cJSON *arr = ids->n ? cJSON_CreateIntArray(ids->v, ids->n) : cJSON_CreateArray();
     cJSON *out = arr;
     if (decoded) {
         out = cJSON_CreateObject();
         cJSON_AddItemToObject(out, "ids", arr);
-        char *t = eng_utf8_lossy(decoded, dlen);
-        cJSON_AddStringToObject(out, "decoded", t ? t : "");
+        char *t = s_json_text(decoded, dlen);
+        cJSON_AddRawToObject(out, "decoded", t ? t : "\"\"");
         free(t);
     }
     char *line = cJSON_PrintUnformatted(out);
@@ -128,7 +171,10 @@ static int s_tokenize_file(eng_engine_t *e, const char *path, bool chat)
         lineno++;
         cJSON *j = cJSON_ParseWithLength(line, (size_t)n);
         const cJSON *t = cJSON_IsString(j) ? j : cJSON_GetObjectItemCaseSensitive(j, "text");
-        if (!cJSON_IsString(t)) {
+        if (s_has_nul_escape(line)) {
+            ANV_ERROR("'%s' line %d: NUL characters (\\u0000) are not supported", path, lineno);
+            rc = 2;
+        } else if (!cJSON_IsString(t)) {
             ANV_ERROR("'%s' line %d: not a JSON string or {\"text\": ...}", path, lineno);
             rc = 2;
         } else {
@@ -153,8 +199,12 @@ static int s_tokenize_file(eng_engine_t *e, const char *path, bool chat)
     return rc;
 }
 
-static int s_submit_line(eng_engine_t *e, const s_args_t *a, eng_request_t base,
-                         const char *line, size_t len, int lineno)
+static int s_submit_line(eng_engine_t *e,
+                         const s_args_t *a,
+                         eng_request_t base,
+                         const char *line,
+                         size_t len,
+                         int lineno)
 {
     char err[256] = "", id[48];
     cJSON *j = cJSON_ParseWithLength(line, len);
@@ -162,6 +212,10 @@ static int s_submit_line(eng_engine_t *e, const s_args_t *a, eng_request_t base,
     int rc = 2;
     if (!cJSON_IsObject(j)) {
         ANV_ERROR("prompts line %d: not a JSON object", lineno);
+        goto out;
+    }
+    if (s_has_nul_escape(line)) { /* cJSON's strings would end there, silently */
+        ANV_ERROR("prompts line %d: NUL characters (\\u0000) are not supported", lineno);
         goto out;
     }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
@@ -282,8 +336,8 @@ static int s_generate(eng_engine_t *e, const s_args_t *a, eng_request_t base)
              st.generated_tokens, secs, secs > 0 ? (double)st.generated_tokens / secs : 0.0,
              st.processed_tokens, steps, st.peak_blocks, st.total_blocks,
              (double)st.peak_blocks * (double)st.bytes_per_block / 1048576.0,
-             (double)st.total_blocks * (double)st.bytes_per_block / 1048576.0,
-             st.bytes_per_block, st.preemptions);
+             (double)st.total_blocks * (double)st.bytes_per_block / 1048576.0, st.bytes_per_block,
+             st.preemptions);
     return 0;
 }
 
@@ -297,8 +351,8 @@ int main(int argc, char **argv)
         {"prompts", ANV_CFG_STR, "", 0, 0, "JSONL file of prompts ('-' = stdin)", &a.prompts,
          false},
         {"chat", ANV_CFG_BOOL, "false", 0, 0, "apply the chat template", &a.chat, false},
-        {"max-tokens", ANV_CFG_INT, "128", 1, 1 << 24, "tokens per sample at most",
-         &a.max_tokens, false},
+        {"max-tokens", ANV_CFG_INT, "128", 1, 1 << 24, "tokens per sample at most", &a.max_tokens,
+         false},
         {"temperature", ANV_CFG_DOUBLE, "1.0", 0, 100, "0 = greedy", &a.temperature, false},
         {"top-p", ANV_CFG_DOUBLE, "1.0", 1e-6, 1, "nucleus mass", &a.top_p, false},
         {"top-k", ANV_CFG_INT, "0", 0, 1 << 24, "0 = off", &a.top_k, false},
@@ -310,19 +364,17 @@ int main(int argc, char **argv)
         {"top-logprobs", ANV_CFG_INT, "0", 0, ENG_MAX_TOP_LOGPROBS, "top logprobs per token",
          &a.top_logprobs, false},
         {"backend", ANV_CFG_STR, "cpu", 0, 0, "cpu or cuda", &a.backend, false},
-        {"threads", ANV_CFG_INT, "0", 0, 1024, "CPU threads (0 = one per core)", &a.threads,
-         false},
+        {"threads", ANV_CFG_INT, "0", 0, 1024, "CPU threads (0 = one per core)", &a.threads, false},
         {"block-size", ANV_CFG_INT, "16", 1, 1024, "KV block tokens", &a.block_size, false},
-        {"kv-blocks", ANV_CFG_INT, "0", 0, 1 << 24, "KV blocks (0 = 256 MiB worth)",
-         &a.kv_blocks, false},
+        {"kv-blocks", ANV_CFG_INT, "0", 0, 1 << 24, "KV blocks (0 = 256 MiB worth)", &a.kv_blocks,
+         false},
         {"max-batch-tokens", ANV_CFG_INT, "2048", 1, 1 << 20, "tokens per step",
          &a.max_batch_tokens, false},
         {"max-context", ANV_CFG_INT, "0", 0, 1 << 24, "0 = the model's", &a.max_context, false},
-        {"no-prefix-sharing", ANV_CFG_BOOL, "false", 0, 0,
-         "prefill each sample separately", &a.no_prefix_sharing, false},
+        {"no-prefix-sharing", ANV_CFG_BOOL, "false", 0, 0, "prefill each sample separately",
+         &a.no_prefix_sharing, false},
         {"json", ANV_CFG_BOOL, "false", 0, 0, "one JSON line per sample", &a.json, false},
-        {"tokenize", ANV_CFG_STR, "", 0, 0, "print the ids of TEXT and exit", &a.tokenize,
-         false},
+        {"tokenize", ANV_CFG_STR, "", 0, 0, "print the ids of TEXT and exit", &a.tokenize, false},
         {"tokenize-jsonl", ANV_CFG_STR, "", 0, 0, "ids and decode of each line of FILE",
          &a.tokenize_jsonl, false},
         {"log-level", ANV_CFG_STR, "info", 0, 0, "error|warn|info|debug", &a.log_level, false},

@@ -10,7 +10,7 @@ save_pretrained as bf16, fp16 or fp32 safetensors, optionally sharded.
 
 Used by the engine tests (models are made at test time in a temporary directory, never
 committed) and runnable by hand:
-    python tests/engine/tiny_model.py OUT_DIR [--arch llama|qwen2] [--dtype bf16] [--shard]
+    python gen_worker/engine/tools/tiny_model.py OUT_DIR [--arch llama|qwen2] [--dtype bf16] [--shard]
 """
 import argparse
 import glob

@@ -1,0 +1,72 @@
+/*  exec_result.h - the outcome of scoring one candidate, as JSON and as an ExecResult.
+
+    Plain data (the struct is public): exec_score fills it, main.c prints it with
+    exec_result_to_json(), the worker loop sends it with exec_result_to_proto(). Figures that
+    were not measured are NAN (JSON null, proto field absent). Status values are the proto's
+    ExecStatus numbers.
+*/
+#ifndef EXEC_RESULT_H
+#define EXEC_RESULT_H
+
+#include "anvil.pb-c.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define EXEC_MAX_FLAGS 32
+
+typedef enum {
+    EXEC_ST_NONE = ANVIL__EXEC_STATUS__EXEC_NONE,
+    EXEC_ST_FORMAT_ERROR = ANVIL__EXEC_STATUS__EXEC_FORMAT_ERROR,
+    EXEC_ST_REJECTED_STATIC = ANVIL__EXEC_STATUS__EXEC_REJECTED_STATIC,
+    EXEC_ST_COMPILE_ERROR = ANVIL__EXEC_STATUS__EXEC_COMPILE_ERROR,
+    EXEC_ST_RUNTIME_ERROR = ANVIL__EXEC_STATUS__EXEC_RUNTIME_ERROR,
+    EXEC_ST_TIMEOUT = ANVIL__EXEC_STATUS__EXEC_TIMEOUT,
+    EXEC_ST_CRASHED = ANVIL__EXEC_STATUS__EXEC_CRASHED,
+    EXEC_ST_INCORRECT = ANVIL__EXEC_STATUS__EXEC_INCORRECT,
+    EXEC_ST_CORRECT = ANVIL__EXEC_STATUS__EXEC_CORRECT,
+} exec_status_t;
+
+typedef struct {
+    exec_status_t status;
+    char error[512];          /* one line */
+    char *traceback;          /* tail, owned; NULL when none */
+    char *static_errors;      /* newline-separated rule violations, owned; NULL when none */
+    double max_abs_err, max_rel_err;
+    double ref_ms, cand_ms;   /* mean per call of the timed iterations */
+    double ref_host_ms, cand_host_ms;
+    double ref_rel_err, cand_rel_err; /* relative standard error of the means */
+    int ref_iters, cand_iters;
+    double speedup;
+    double compile_ms;        /* candidate's first call: JIT compile and autotune */
+    double load_ms;
+    unsigned launches;        /* candidate's own Triton launches, smallest over trials */
+    double gpu_share;
+    double reward;
+    int trials;
+    double eval_ms;           /* wall time of the whole evaluation */
+    double wait_ms;           /* of which waiting for a warm interpreter */
+    char gpu[128], driver[64], torch[64], triton[64], clocks[128], device[16];
+    char sandbox[32];         /* bwrap | bwrap-root | rlimit: the isolation that was used */
+    char *flags[EXEC_MAX_FLAGS];
+    size_t n_flags;
+} exec_result_t;
+
+void exec_result_init(exec_result_t *r);
+void exec_result_release(exec_result_t *r);
+/* Adds a flag (copied; duplicates ignored). */
+void exec_result_flag(exec_result_t *r, const char *flag);
+bool exec_result_has_flag(const exec_result_t *r, const char *flag);
+/* Sets status and the one-line error (printf format; newlines become spaces). */
+void exec_result_set(exec_result_t *r, exec_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Takes ownership of tb (may be NULL), keeping its last 4000 bytes. */
+void exec_result_set_traceback(exec_result_t *r, char *tb);
+const char *exec_status_name(exec_status_t st);
+/* Returns NUL-terminated JSON (caller frees) or NULL on allocation failure. */
+char *exec_result_to_json(const exec_result_t *r, bool pretty);
+/* Fills out (initialised by the callee) with copies; free with exec_result_proto_free(). */
+int exec_result_to_proto(const exec_result_t *r, Anvil__ExecResult *out);
+void exec_result_proto_free(Anvil__ExecResult *out);
+
+#endif

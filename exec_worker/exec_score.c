@@ -1,0 +1,794 @@
+/*  exec_score.c - one evaluation, phase by phase (see exec_score.h).
+
+    Design: every exchange with a sandboxed process goes through s_call(), which turns a
+    timeout, a death or a harness-side exception into the candidate's status; the reference
+    process failing is the only path that returns an error to the caller. Secrets (seeds) come
+    from getrandom() per evaluation and are never reused. The candidate's process is killed
+    at the end of every evaluation whatever happened.
+*/
+#define _GNU_SOURCE
+#include "exec_score.h"
+
+#include "anv_error.h"
+#include "anv_log.h"
+#include "anv_time.h"
+#include "exec_compare.h"
+#include "exec_extract.h"
+#include "exec_pool.h"
+#include "exec_reward.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#define S_MAX_TRIALS 64
+#define S_MAX_ITERS 1000
+
+struct exec_scorer_t {
+    exec_scorer_cfg_t cfg;
+    exec_sandbox_t *sandbox;
+    exec_pool_t *pool;
+    exec_proc_t *ref;
+    cJSON *ref_ready;
+    uint64_t evals;
+};
+
+void exec_spec_default(exec_spec_t *s)
+{
+    memset(s, 0, sizeof *s);
+    s->trials = 5;
+    s->warmup = 3;
+    s->min_iters = 10;
+    s->max_iters = 200;
+    s->batch = 10;
+    s->target_rel_err = 0.01;
+    s->flush_l2 = true;
+    s->reward_formula = EXEC_REWARD_DEFAULT;
+    s->speedup_cap = 3.0;
+    s->compile_timeout_s = 120;
+    s->run_timeout_s = 180;
+    s->atol = s->rtol = -1;
+    s->static_checks = true;
+    s->allow_ops = "";
+    s->min_gpu_share = 0.5;
+    s->require_launches = true;
+}
+
+const char *exec_task_kind_name(Anvil__TaskKind kind)
+{
+    switch (kind) {
+    case ANVIL__TASK_KIND__TASK_KIND_KERNELBENCH:
+        return "kernelbench";
+    case ANVIL__TASK_KIND__TASK_KIND_TRITONBENCH_G:
+        return "tritonbench-g";
+    case ANVIL__TASK_KIND__TASK_KIND_TRITONBENCH_T:
+        return "tritonbench-t";
+    default:
+        return NULL;
+    }
+}
+
+void exec_spec_from_proto(exec_spec_t *s, const Anvil__ScoringSpec *pb)
+{
+    if (!pb)
+        return;
+    if (pb->has_trials && pb->trials >= 5)
+        s->trials = (int)pb->trials;
+    if (pb->reward_formula && *pb->reward_formula)
+        s->reward_formula = pb->reward_formula;
+    if (pb->has_speedup_cap)
+        s->speedup_cap = pb->speedup_cap;
+    if (pb->has_compile_timeout_s && pb->compile_timeout_s)
+        s->compile_timeout_s = (int)pb->compile_timeout_s;
+    if (pb->has_run_timeout_s && pb->run_timeout_s)
+        s->run_timeout_s = (int)pb->run_timeout_s;
+    if (pb->has_atol)
+        s->atol = pb->atol;
+    if (pb->has_rtol)
+        s->rtol = pb->rtol;
+    const Anvil__TimingSpec *t = pb->timing;
+    if (t) {
+        if (t->has_warmup)
+            s->warmup = (int)t->warmup;
+        if (t->has_min_iters && t->min_iters)
+            s->min_iters = (int)t->min_iters;
+        if (t->has_max_iters && t->max_iters)
+            s->max_iters = (int)t->max_iters;
+        if (t->has_target_rel_err && t->target_rel_err > 0)
+            s->target_rel_err = t->target_rel_err;
+        if (t->has_flush_l2)
+            s->flush_l2 = t->flush_l2;
+    }
+}
+
+/* -- helpers ----------------------------------------------------------------------------- */
+
+static double s_seed(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        v = anv_now_ns() * 0x9E3779B97F4A7C15ull;
+    return (double)(v & ((1ull << 48) - 1));
+}
+
+static cJSON *s_cmd(const char *name)
+{
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "cmd", name);
+    return c;
+}
+
+static double s_num(const cJSON *o, const char *k, double def)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+static const char *s_str(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static char *s_dup(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+static void s_path(char *buf, size_t len, exec_proc_t *p, bool inner, const char *name, int i)
+{
+    snprintf(buf, len, "%s/%s%d.anvt", inner ? exec_proc_inner_io(p) : exec_proc_io_dir(p),
+             name, i);
+}
+
+typedef enum { S_OK = 0, S_FAILED = 1 } s_outcome_t;
+
+/* Sends cmd (taken) to the candidate's process and maps what goes wrong to a status.
+   Returns S_OK with *reply, or S_FAILED with out filled. */
+static s_outcome_t s_cand_call(exec_proc_t *p, cJSON *cmd, int timeout_s, const char *budget,
+                               exec_result_t *out, cJSON **reply)
+{
+    int rc = exec_proc_call(p, cmd, timeout_s * 1000, reply);
+    cJSON_Delete(cmd);
+    if (rc == ANV_ETIMEOUT) {
+        exec_proc_kill(p);
+        exec_result_set(out, EXEC_ST_TIMEOUT, "exceeded the %s budget of %d s", budget,
+                        timeout_s);
+        exec_result_set_traceback(out, s_dup(exec_proc_log_tail(p)));
+        return S_FAILED;
+    }
+    if (rc != 0) {
+        exec_proc_kill(p);
+        exec_result_set(out, EXEC_ST_CRASHED, "the candidate's process died (%s)%s",
+                        exec_proc_exit_desc(p), rc == ANV_EPROTO ? " or garbled its replies" : "");
+        exec_result_set_traceback(out, s_dup(exec_proc_log_tail(p)));
+        return S_FAILED;
+    }
+    const cJSON *tampered = cJSON_GetObjectItem(*reply, "tampered");
+    if (cJSON_IsArray(tampered) && cJSON_GetArraySize(tampered) > 0) {
+        const cJSON *first = cJSON_GetArrayItem(tampered, 0);
+        exec_result_set(out, EXEC_ST_INCORRECT,
+                        "the candidate rebound '%s' (timers, synchronize and the launcher "
+                        "must stay untouched)",
+                        cJSON_IsString(first) ? first->valuestring : "?");
+        exec_result_flag(out, "tampered");
+        cJSON_Delete(*reply);
+        *reply = NULL;
+        return S_FAILED;
+    }
+    if (!cJSON_IsTrue(cJSON_GetObjectItem(*reply, "ok"))) {
+        const char *phase = s_str(*reply, "phase");
+        bool compile = phase && strcmp(phase, "compile") == 0;
+        exec_result_set(out, compile ? EXEC_ST_COMPILE_ERROR : EXEC_ST_RUNTIME_ERROR, "%s",
+                        s_str(*reply, "error") ? s_str(*reply, "error") : "unknown error");
+        exec_result_set_traceback(out, s_dup(s_str(*reply, "tb")));
+        cJSON_Delete(*reply);
+        *reply = NULL;
+        return S_FAILED;
+    }
+    return S_OK;
+}
+
+static int s_ref_ensure(exec_scorer_t *self, exec_result_t *out)
+{
+    if (self->ref && exec_proc_alive(self->ref)) {
+        if (exec_proc_is_ready(self->ref))
+            return 0;
+        if (exec_proc_wait_ready(self->ref, self->cfg.ready_timeout_s * 1000, &self->ref_ready) ==
+            0)
+            return 0;
+    }
+    if (self->ref)
+        ANV_WARN("reference interpreter gone (%s): restarting", exec_proc_exit_desc(self->ref));
+    exec_proc_destroy(&self->ref);
+    cJSON_Delete(self->ref_ready);
+    self->ref_ready = NULL;
+    self->ref = exec_sandbox_spawn(self->sandbox);
+    if (!self->ref ||
+        exec_proc_wait_ready(self->ref, self->cfg.ready_timeout_s * 1000, &self->ref_ready)) {
+        const char *tail = self->ref ? exec_proc_log_tail(self->ref) : "spawn failed";
+        size_t n = strlen(tail);
+        exec_result_set(out, EXEC_ST_NONE, "the reference interpreter did not start: %s",
+                        tail + (n > 300 ? n - 300 : 0));
+        exec_result_set_traceback(out, s_dup(tail));
+        exec_proc_destroy(&self->ref);
+        return ANV_EINTERNAL;
+    }
+    return 0;
+}
+
+/* A call to the reference process; any failure means the task cannot be scored. */
+static int s_ref_call(exec_scorer_t *self, cJSON *cmd, int timeout_s, exec_result_t *out,
+                      cJSON **reply)
+{
+    int rc = exec_proc_call(self->ref, cmd, timeout_s * 1000, reply);
+    cJSON_Delete(cmd);
+    if (rc != 0) {
+        exec_result_set(out, EXEC_ST_NONE, "reference interpreter failed: %s (%s)",
+                        anv_strerror(rc), exec_proc_exit_desc(self->ref));
+        exec_result_set_traceback(out, s_dup(exec_proc_log_tail(self->ref)));
+        exec_proc_destroy(&self->ref);
+        return rc;
+    }
+    if (!cJSON_IsTrue(cJSON_GetObjectItem(*reply, "ok"))) {
+        exec_result_set(out, EXEC_ST_NONE, "the reference failed: %s",
+                        s_str(*reply, "error") ? s_str(*reply, "error") : "?");
+        exec_result_set_traceback(out, s_dup(s_str(*reply, "tb")));
+        cJSON_Delete(*reply);
+        *reply = NULL;
+        return ANV_EINTERNAL;
+    }
+    return 0;
+}
+
+static void s_add_task(cJSON *c, const exec_task_t *task, const char *device, double init_seed)
+{
+    cJSON_AddStringToObject(c, "kind", task->kind);
+    cJSON_AddStringToObject(c, "task", task->source);
+    cJSON_AddStringToObject(c, "device", device);
+    cJSON_AddNumberToObject(c, "init_seed", init_seed);
+    cJSON *g = task->globals && *task->globals ? cJSON_Parse(task->globals) : NULL;
+    if (g)
+        cJSON_AddItemToObject(c, "globals", g);
+}
+
+static cJSON *s_trials_cmd(const double *seeds, int n, int first, exec_proc_t *p,
+                           const char *prefix, bool train_odd)
+{
+    cJSON *c = s_cmd("trials"), *s = cJSON_AddArrayToObject(c, "seeds");
+    cJSON *m = cJSON_AddArrayToObject(c, "modes"), *d = cJSON_AddArrayToObject(c, "dump");
+    for (int i = 0; i < n; i++) {
+        char path[4200];
+        s_path(path, sizeof path, p, true, prefix, first + i);
+        cJSON_AddItemToArray(s, cJSON_CreateNumber(seeds[first + i]));
+        cJSON_AddItemToArray(m, cJSON_CreateNumber(train_odd && ((first + i) % 2)));
+        cJSON_AddItemToArray(d, cJSON_CreateString(path));
+    }
+    return c;
+}
+
+/* -- correctness ------------------------------------------------------------------------- */
+
+typedef struct {
+    bool zero_pass, const_pass, cand_const, ref_const_any_not;
+} s_degen_t;
+
+/* Compares trial files first..first+n-1; fills out and returns S_FAILED on a mismatch. */
+static s_outcome_t s_compare_trials(exec_proc_t *ref, exec_proc_t *cand, int first, int n,
+                                    const exec_tol_t *tol, exec_result_t *out, s_degen_t *dg,
+                                    const char *when, int *err)
+{
+    for (int i = first; i < first + n; i++) {
+        char rp[4200], cp[4200];
+        exec_cmp_t cmp;
+        s_path(rp, sizeof rp, ref, false, "ref", i);
+        s_path(cp, sizeof cp, cand, false, "cand", i);
+        int rc = exec_compare_files(rp, cp, tol, &cmp);
+        if (rc != 0) {
+            exec_result_set(out, EXEC_ST_NONE, "%s", cmp.reason);
+            *err = rc;
+            return S_FAILED;
+        }
+        if (cmp.compared) {
+            out->max_abs_err = isnan(out->max_abs_err) ? cmp.max_abs
+                                                       : fmax(out->max_abs_err, cmp.max_abs);
+            out->max_rel_err = isnan(out->max_rel_err) ? cmp.max_rel
+                                                       : fmax(out->max_rel_err, cmp.max_rel);
+        }
+        dg->zero_pass = dg->zero_pass && cmp.zero_would_pass;
+        dg->const_pass = dg->const_pass && cmp.const_would_pass;
+        dg->cand_const = dg->cand_const && cmp.cand_constant;
+        dg->ref_const_any_not = dg->ref_const_any_not || !cmp.ref_constant;
+        if (!cmp.match) {
+            exec_result_set(out, EXEC_ST_INCORRECT, "%s%s (trial %d)", when, cmp.reason, i);
+            return S_FAILED;
+        }
+    }
+    return S_OK;
+}
+
+/* -- timing ------------------------------------------------------------------------------ */
+
+typedef struct {
+    double dev[S_MAX_ITERS], host[S_MAX_ITERS];
+    int n;
+    double wall_ms, reported_ms; /* the worker's clock around batches; the side's host sum */
+    bool has_dev;
+} s_series_t;
+
+static void s_stats(const double *v, int n, double *mean, double *rel)
+{
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; i++)
+        s += v[i];
+    *mean = n ? s / n : NAN;
+    for (int i = 0; i < n; i++)
+        ss += (v[i] - *mean) * (v[i] - *mean);
+    double sd = n > 1 ? sqrt(ss / (n - 1)) : INFINITY;
+    *rel = (n > 1 && *mean > 0) ? sd / sqrt(n) / *mean : INFINITY;
+}
+
+static const double *s_series_times(const s_series_t *s)
+{
+    return s->has_dev ? s->dev : s->host;
+}
+
+/* One batch on one side; the side's output of iteration dump_at goes to file `dump`. */
+static cJSON *s_time_cmd(const double *seeds, int k, int warmup, bool flush, int dump_at,
+                         const char *dump)
+{
+    cJSON *c = s_cmd("time"), *s = cJSON_AddArrayToObject(c, "seeds");
+    for (int i = 0; i < k; i++)
+        cJSON_AddItemToArray(s, cJSON_CreateNumber(seeds[i]));
+    cJSON_AddNumberToObject(c, "warmup", warmup);
+    cJSON_AddBoolToObject(c, "flush_l2", flush);
+    cJSON_AddNumberToObject(c, "dump_at", dump_at);
+    cJSON_AddStringToObject(c, "dump", dump);
+    return c;
+}
+
+static void s_series_add(s_series_t *s, const cJSON *rep, double wall)
+{
+    const cJSON *host = cJSON_GetObjectItem(rep, "host_ms"), *dev = cJSON_GetObjectItem(rep, "dev_ms");
+    int n = cJSON_GetArraySize(host);
+    s->wall_ms += wall;
+    s->has_dev = cJSON_IsArray(dev) && cJSON_GetArraySize(dev) == n;
+    for (int i = 0; i < n && s->n < S_MAX_ITERS; i++) {
+        double h = cJSON_GetArrayItem(host, i)->valuedouble;
+        s->host[s->n] = h;
+        s->dev[s->n] = s->has_dev ? cJSON_GetArrayItem(dev, i)->valuedouble : h;
+        s->reported_ms += h;
+        s->n++;
+    }
+}
+
+static s_outcome_t s_timing(exec_scorer_t *self, exec_proc_t *cand, const exec_spec_t *spec,
+                            const exec_tol_t *tol, exec_result_t *out, uint64_t deadline,
+                            int *err)
+{
+    static s_series_t ref_s, cand_s; /* large; the scorer is single-threaded */
+    memset(&ref_s, 0, sizeof ref_s);
+    memset(&cand_s, 0, sizeof cand_s);
+    int batch = spec->batch > 0 ? spec->batch : 10, max_iters = spec->max_iters;
+    if (max_iters > S_MAX_ITERS)
+        max_iters = S_MAX_ITERS;
+    double base = s_seed(), last_round_ms = 0;
+    for (int round = 0; cand_s.n < max_iters; round++) {
+        double seeds[S_MAX_ITERS];
+        int k = batch < max_iters - cand_s.n ? batch : max_iters - cand_s.n;
+        for (int i = 0; i < k; i++)
+            seeds[i] = base + round * batch + i;
+        unsigned char r = 0;
+        getrandom(&r, 1, 0);
+        int dump_at = r % k;
+        char rdump[4200], cdump[4200], rhost[4200], chost[4200];
+        snprintf(rdump, sizeof rdump, "%s/tref%d.anvt", exec_proc_inner_io(self->ref), round);
+        snprintf(cdump, sizeof cdump, "%s/tcand%d.anvt", exec_proc_inner_io(cand), round);
+        snprintf(rhost, sizeof rhost, "%s/tref%d.anvt", exec_proc_io_dir(self->ref), round);
+        snprintf(chost, sizeof chost, "%s/tcand%d.anvt", exec_proc_io_dir(cand), round);
+        uint64_t t_round = anv_now_ms();
+        for (int side = 0; side < 2; side++) {
+            bool ref_turn = (side == 0) == (round % 2 == 0); /* swap the order every round */
+            int warm = round == 0 ? spec->warmup : 0;
+            cJSON *rep = NULL;
+            uint64_t t0 = anv_now_ns();
+            int left = (int)((deadline - anv_now_ms()) / 1000);
+            if (left < 1)
+                left = 1;
+            if (ref_turn) {
+                int rc = s_ref_call(self, s_time_cmd(seeds, k, warm, spec->flush_l2, dump_at, rdump),
+                                    left, out, &rep);
+                if (rc != 0) {
+                    *err = rc;
+                    return S_FAILED;
+                }
+                s_series_add(&ref_s, rep, (double)(anv_now_ns() - t0) / 1e6);
+            } else {
+                if (s_cand_call(cand, s_time_cmd(seeds, k, warm, spec->flush_l2, dump_at, cdump),
+                                left, "run", out, &rep) != S_OK)
+                    return S_FAILED;
+                s_series_add(&cand_s, rep, (double)(anv_now_ns() - t0) / 1e6);
+            }
+            cJSON_Delete(rep);
+        }
+        exec_cmp_t cmp;
+        int rc = exec_compare_files(rhost, chost, tol, &cmp);
+        unlink(rhost);
+        unlink(chost);
+        if (rc != 0) {
+            exec_result_set(out, EXEC_ST_NONE, "%s", cmp.reason);
+            *err = rc;
+            return S_FAILED;
+        }
+        if (!cmp.match) {
+            exec_result_set(out, EXEC_ST_INCORRECT, "output during timing differs: %s",
+                            cmp.reason);
+            return S_FAILED;
+        }
+        last_round_ms = (double)(anv_now_ms() - t_round);
+        double rm, rr, cm, cr;
+        s_stats(s_series_times(&ref_s), ref_s.n, &rm, &rr);
+        s_stats(s_series_times(&cand_s), cand_s.n, &cm, &cr);
+        if (cand_s.n >= spec->min_iters && rr <= spec->target_rel_err &&
+            cr <= spec->target_rel_err)
+            break;
+        if (anv_now_ms() + (uint64_t)(2 * last_round_ms) >= deadline) {
+            exec_result_flag(out, "timing_budget_exhausted");
+            break;
+        }
+    }
+    double rm, rr, cm, cr, rh, ch, dummy;
+    s_stats(s_series_times(&ref_s), ref_s.n, &rm, &rr);
+    s_stats(s_series_times(&cand_s), cand_s.n, &cm, &cr);
+    s_stats(ref_s.host, ref_s.n, &rh, &dummy);
+    s_stats(cand_s.host, cand_s.n, &ch, &dummy);
+    /* device events must not exceed the host interval around them; work the events do not
+       see (side streams) shows as host time far above event time: then host time counts */
+    if (cand_s.has_dev) {
+        if (cm > ch * 1.05 + 0.05) {
+            exec_result_flag(out, "timer_inconsistent");
+            cm = ch;
+        }
+        if (ch > 1.5 * cm + 0.2 && ch > 1.5 * (rh - rm + cm)) {
+            exec_result_flag(out, "host_device_gap");
+            cm = ch - (rh - rm);
+        }
+    }
+    /* the worker's own clock: what the candidate's side took beyond its reported time must
+       not be far above what the reference's side took beyond its own (same harness code) */
+    double ref_over = (ref_s.wall_ms - ref_s.reported_ms) / fmax(ref_s.n, 1);
+    double cand_ext = (cand_s.wall_ms / fmax(cand_s.n, 1)) - ref_over;
+    if (ch < 0.5 * cand_ext && cand_ext - ch > 1.0) {
+        exec_result_flag(out, "external_clock_mismatch");
+        cm = cand_ext;
+    }
+    out->ref_ms = rm;
+    out->cand_ms = cm;
+    out->ref_host_ms = rh;
+    out->cand_host_ms = ch;
+    out->ref_rel_err = rr;
+    out->cand_rel_err = cr;
+    out->ref_iters = ref_s.n;
+    out->cand_iters = cand_s.n;
+    return S_OK;
+}
+
+/* -- one evaluation ---------------------------------------------------------------------- */
+
+static void s_env(exec_proc_t *cand, const char *device, exec_result_t *out)
+{
+    cJSON *c = s_cmd("env"), *rep = NULL;
+    cJSON_AddStringToObject(c, "device", device);
+    if (exec_proc_call(cand, c, 20000, &rep) == 0) {
+        snprintf(out->gpu, sizeof out->gpu, "%s", s_str(rep, "gpu") ? s_str(rep, "gpu") : "");
+        snprintf(out->driver, sizeof out->driver, "%s",
+                 s_str(rep, "driver") ? s_str(rep, "driver") : "");
+        snprintf(out->torch, sizeof out->torch, "%s", s_str(rep, "torch") ? s_str(rep, "torch") : "");
+        snprintf(out->triton, sizeof out->triton, "%s",
+                 s_str(rep, "triton") ? s_str(rep, "triton") : "");
+        snprintf(out->clocks, sizeof out->clocks, "%s",
+                 s_str(rep, "clocks") ? s_str(rep, "clocks") : "");
+    }
+    cJSON_Delete(c);
+    cJSON_Delete(rep);
+}
+
+static void s_reward(const exec_spec_t *spec, exec_result_t *out)
+{
+    bool ok = out->status == EXEC_ST_CORRECT;
+    exec_reward_vars_t v = {
+        .correct = ok,
+        .speedup = ok && isfinite(out->speedup) ? out->speedup : 0,
+        .cap = spec->speedup_cap,
+        .ref_ms = isfinite(out->ref_ms) ? out->ref_ms : 0,
+        .cand_ms = isfinite(out->cand_ms) ? out->cand_ms : 0,
+        .launches = out->launches,
+        .gpu_share = isfinite(out->gpu_share) ? out->gpu_share : 0,
+        .max_abs_err = isfinite(out->max_abs_err) ? out->max_abs_err : 0,
+        .max_rel_err = isfinite(out->max_rel_err) ? out->max_rel_err : 0,
+    };
+    char err[160];
+    if (exec_reward_eval(spec->reward_formula, &v, &out->reward, err, sizeof err) != 0) {
+        ANV_WARN("%s: reward 0", err);
+        out->reward = 0;
+        exec_result_flag(out, "bad_reward_formula");
+    }
+}
+
+static int s_score(exec_scorer_t *self, const exec_task_t *task, const char *code,
+                   const exec_spec_t *spec, exec_result_t *out)
+{
+    const char *device = self->cfg.sandbox.device;
+    int trials = spec->trials < 5 ? 5 : spec->trials > S_MAX_TRIALS - 1 ? S_MAX_TRIALS - 1
+                                                                        : spec->trials;
+    bool kb = strcmp(task->kind, "kernelbench") == 0;
+    double seeds[S_MAX_TRIALS], init_seed = s_seed();
+    cJSON *rep = NULL, *c;
+    exec_proc_t *cand = NULL;
+    int err = 0;
+    exec_tol_t tol;
+    exec_tol_default(&tol);
+    exec_tol_override(&tol, spec->atol, spec->rtol);
+    for (int i = 0; i <= trials; i++)
+        seeds[i] = s_seed();
+    out->trials = trials;
+
+    /* static checks, in the reference interpreter (no candidate code runs there) */
+    if ((err = s_ref_ensure(self, out)) != 0)
+        return err;
+    c = s_cmd("static");
+    cJSON_AddStringToObject(c, "code", code);
+    cJSON_AddStringToObject(c, "kind", task->kind);
+    cJSON_AddStringToObject(c, "task", task->source);
+    cJSON *allow = cJSON_AddArrayToObject(c, "allow_ops");
+    char ops[1024];
+    snprintf(ops, sizeof ops, "%s", spec->allow_ops ? spec->allow_ops : "");
+    char *save = NULL;
+    for (char *t = strtok_r(ops, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        cJSON_AddItemToArray(allow, cJSON_CreateString(t));
+    if ((err = s_ref_call(self, c, 60, out, &rep)) != 0)
+        return err;
+    if (s_str(rep, "syntax_error")) {
+        exec_result_set(out, EXEC_ST_COMPILE_ERROR, "syntax error: %s", s_str(rep, "syntax_error"));
+        goto done;
+    }
+    const cJSON *errs = cJSON_GetObjectItem(rep, "errors");
+    if (cJSON_GetArraySize(errs) > 0) {
+        size_t len = 0;
+        char *all = NULL;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, errs)
+        {
+            if (!cJSON_IsString(e))
+                continue;
+            size_t n = strlen(e->valuestring);
+            char *na = realloc(all, len + n + 2);
+            if (!na)
+                break;
+            all = na;
+            memcpy(all + len, e->valuestring, n);
+            all[len + n] = '\n';
+            all[len + n + 1] = '\0';
+            len += n + 1;
+        }
+        out->static_errors = all;
+        if (spec->static_checks) {
+            exec_result_set(out, EXEC_ST_REJECTED_STATIC, "%s",
+                            cJSON_GetArrayItem(errs, 0)->valuestring);
+            goto done;
+        }
+        exec_result_flag(out, "static_violations_ignored");
+    }
+    cJSON_Delete(rep);
+    rep = NULL;
+
+    /* reference first: trials + 1 outputs (the last is the check after timing) */
+    c = s_cmd("load");
+    s_add_task(c, task, device, init_seed);
+    if ((err = s_ref_call(self, c, spec->compile_timeout_s, out, &rep)) != 0)
+        return err;
+    cJSON_Delete(rep);
+    if ((err = s_ref_call(self, s_trials_cmd(seeds, trials + 1, 0, self->ref, "ref", kb),
+                          spec->run_timeout_s, out, &rep)) != 0)
+        return err;
+    bool ref_mutates[S_MAX_TRIALS] = {false};
+    const cJSON *rm = cJSON_GetObjectItem(rep, "mutated");
+    for (int i = 0; i <= trials; i++)
+        ref_mutates[i] = cJSON_IsTrue(cJSON_GetArrayItem(rm, i));
+    cJSON_Delete(rep);
+    rep = NULL;
+
+    /* the candidate, in a fresh warm interpreter */
+    cand = exec_pool_take(self->pool, self->cfg.ready_timeout_s * 1000, &out->wait_ms);
+    if (!cand) {
+        exec_result_set(out, EXEC_ST_NONE, "no warm interpreter became ready");
+        return ANV_EINTERNAL;
+    }
+    c = s_cmd("load");
+    s_add_task(c, task, device, init_seed);
+    cJSON_AddStringToObject(c, "code", code);
+    if (s_cand_call(cand, c, spec->compile_timeout_s, "compile", out, &rep) != S_OK)
+        goto done;
+    out->load_ms = s_num(rep, "load_ms", NAN);
+    cJSON_Delete(rep);
+    rep = NULL;
+    uint64_t run_deadline = anv_now_ms() + (uint64_t)spec->run_timeout_s * 1000;
+    if (s_cand_call(cand, s_trials_cmd(seeds, trials, 0, cand, "cand", kb),
+                    spec->compile_timeout_s + spec->run_timeout_s, "compile+run", out,
+                    &rep) != S_OK)
+        goto done;
+    out->compile_ms = s_num(rep, "first_ms", NAN);
+    const cJSON *launches = cJSON_GetObjectItem(rep, "launches");
+    const cJSON *mutated = cJSON_GetObjectItem(rep, "mutated");
+    unsigned min_l = UINT_MAX;
+    int zero_trial = -1;
+    for (int i = 0; i < trials; i++) {
+        const cJSON *l = cJSON_GetArrayItem(launches, i);
+        unsigned n = cJSON_IsNumber(l) ? (unsigned)l->valuedouble : 0;
+        if (n < min_l)
+            min_l = n;
+        if (n == 0 && zero_trial < 0)
+            zero_trial = i;
+    }
+    out->launches = min_l == UINT_MAX ? 0 : min_l;
+    bool cand_mutates[S_MAX_TRIALS] = {false};
+    for (int i = 0; i < trials; i++)
+        cand_mutates[i] = cJSON_IsTrue(cJSON_GetArrayItem(mutated, i));
+    cJSON_Delete(rep);
+    rep = NULL;
+    s_degen_t dg = {true, true, true, false};
+    if (s_compare_trials(self->ref, cand, 0, trials, &tol, out, &dg, "", &err) != S_OK)
+        goto done;
+    for (int i = 0; i < trials; i++) {
+        if (cand_mutates[i] && !ref_mutates[i]) {
+            exec_result_set(out, EXEC_ST_INCORRECT, "the candidate modified its inputs (trial %d)",
+                            i);
+            goto done;
+        }
+    }
+    if (dg.zero_pass)
+        exec_result_flag(out, "zero_output_would_pass");
+    if (dg.const_pass)
+        exec_result_flag(out, "constant_output_would_pass");
+    if ((dg.zero_pass || dg.const_pass) && dg.cand_const && dg.ref_const_any_not) {
+        exec_result_set(out, EXEC_ST_INCORRECT,
+                        "the output is a constant; on this task a constant passes the tolerance "
+                        "but the reference is not constant");
+        goto done;
+    }
+    if (zero_trial >= 0 && spec->require_launches) {
+        exec_result_set(out, EXEC_ST_INCORRECT,
+                        "no Triton kernel of the candidate was launched in trial %d (%s mode)",
+                        zero_trial, kb && zero_trial % 2 ? "train" : "eval");
+        goto done;
+    }
+
+    /* timing, then the check after timing */
+    if (s_timing(self, cand, spec, &tol, out, run_deadline, &err) != S_OK)
+        goto done;
+    int left = (int)((run_deadline > (uint64_t)anv_now_ms() ? run_deadline - (uint64_t)anv_now_ms() : 0) / 1000) + 5;
+    if (s_cand_call(cand, s_trials_cmd(seeds, 1, trials, cand, "cand", false), left, "run", out,
+                    &rep) != S_OK)
+        goto done;
+    const cJSON *l_after = cJSON_GetArrayItem(cJSON_GetObjectItem(rep, "launches"), 0);
+    if (spec->require_launches && (!cJSON_IsNumber(l_after) || l_after->valuedouble < 1)) {
+        exec_result_set(out, EXEC_ST_INCORRECT,
+                        "no Triton kernel of the candidate was launched after timing");
+        goto done;
+    }
+    cJSON_Delete(rep);
+    rep = NULL;
+    if (s_compare_trials(self->ref, cand, trials, 1, &tol, out, &dg, "after timing: ", &err) !=
+        S_OK)
+        goto done;
+    if (strcmp(device, "cuda") == 0) {
+        c = s_cmd("profile");
+        cJSON_AddNumberToObject(c, "seed", s_seed());
+        if (s_cand_call(cand, c, 60, "run", out, &rep) != S_OK)
+            goto done;
+        out->gpu_share = s_num(rep, "gpu_share", NAN);
+        if (isfinite(out->gpu_share) && out->gpu_share < spec->min_gpu_share)
+            exec_result_flag(out, "low_gpu_share");
+        cJSON_Delete(rep);
+        rep = NULL;
+    }
+    exec_result_set(out, EXEC_ST_CORRECT, "%s", "");
+    out->speedup = out->cand_ms > 0 ? out->ref_ms / out->cand_ms : NAN;
+done:
+    cJSON_Delete(rep);
+    if (cand && exec_proc_alive(cand))
+        s_env(cand, device, out);
+    else if (self->ref_ready) {
+        snprintf(out->torch, sizeof out->torch, "%s", s_str(self->ref_ready, "torch"));
+        snprintf(out->triton, sizeof out->triton, "%s", s_str(self->ref_ready, "triton"));
+    }
+    exec_proc_destroy(&cand);
+    return err;
+}
+
+int exec_scorer_score(exec_scorer_t *self,
+                      const exec_task_t *task,
+                      const char *completion,
+                      const exec_spec_t *spec,
+                      exec_result_t *out)
+{
+    uint64_t t0 = anv_now_ns();
+    exec_result_init(out);
+    snprintf(out->device, sizeof out->device, "%s", self->cfg.sandbox.device);
+    snprintf(out->sandbox, sizeof out->sandbox, "%s", exec_sandbox_mode(self->sandbox));
+    char why[256];
+    int rc = 0;
+    char *code = exec_extract_code(completion, why, sizeof why);
+    if (!code) {
+        exec_result_set(out, EXEC_ST_FORMAT_ERROR, "%s", why);
+    } else {
+        rc = s_score(self, task, code, spec, out);
+        free(code);
+    }
+    /* the reference's files of this evaluation */
+    if (self->ref) {
+        char cmd[4300];
+        snprintf(cmd, sizeof cmd, "%s", exec_proc_io_dir(self->ref));
+        for (int i = 0; i < S_MAX_TRIALS; i++) {
+            char p[4400];
+            snprintf(p, sizeof p, "%s/ref%d.anvt", cmd, i);
+            unlink(p);
+        }
+    }
+    s_reward(spec, out);
+    out->eval_ms = (double)(anv_now_ns() - t0) / 1e6;
+    self->evals++;
+    if (rc != 0)
+        ANV_ERROR("task '%s' cannot be scored: %s", task->name ? task->name : "?", out->error);
+    else
+        ANV_INFO("task '%s': %s%s%s (%.0f ms)", task->name ? task->name : "?",
+                 exec_status_name(out->status), *out->error ? ": " : "", out->error,
+                 out->eval_ms);
+    return rc;
+}
+
+exec_scorer_t *exec_scorer_new(const exec_scorer_cfg_t *cfg)
+{
+    exec_scorer_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return NULL;
+    self->cfg = *cfg;
+    if (self->cfg.ready_timeout_s <= 0)
+        self->cfg.ready_timeout_s = 300;
+    self->sandbox = exec_sandbox_new(&cfg->sandbox);
+    if (!self->sandbox)
+        goto fail;
+    self->cfg.sandbox.device = cfg->sandbox.device; /* borrowed for the scorer's lifetime */
+    self->ref = exec_sandbox_spawn(self->sandbox);
+    self->pool = exec_pool_new(self->sandbox, cfg->pool_size);
+    if (!self->ref || !self->pool)
+        goto fail;
+    return self;
+fail:
+    exec_scorer_destroy(&self);
+    return NULL;
+}
+
+void exec_scorer_destroy(exec_scorer_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    exec_scorer_t *self = *self_p;
+    exec_pool_destroy(&self->pool);
+    exec_proc_destroy(&self->ref);
+    cJSON_Delete(self->ref_ready);
+    exec_sandbox_destroy(&self->sandbox);
+    free(self);
+    *self_p = NULL;
+}
+
+const char *exec_scorer_sandbox_mode(const exec_scorer_t *self)
+{
+    return exec_sandbox_mode(self->sandbox);
+}

@@ -1,0 +1,314 @@
+"""server.py - the command loop of one sandboxed harness process.
+
+Start-up imports torch and triton (the expensive part, done while the process waits in the
+warm pool), installs the launch counter on Triton's launcher, takes private references to the
+clocks, synchronize and Event it times with (so a candidate that rebinds torch.cuda.synchronize
+or time.perf_counter changes nothing the harness uses, and is seen by the tamper check), and
+says {"event": "ready"} on the reply pipe. CUDA is not touched until a command names device
+"cuda". Then one JSON command per line on CMD_FD, one JSON reply per line on REPLY_FD:
+
+  static  {code, kind, test?, allow_ops}     -> {errors, syntax_error}
+  load    {kind, task, device, init_seed, globals, code?}  (code given = candidate)
+                                             -> {load_ms} | {error, tb, phase: compile}
+  trials  {seeds, modes, dump}               -> {launches, mutated, first_ms, ms}
+  time    {seeds, warmup, flush_l2, dump_at, dump} -> {host_ms, dev_ms}
+  profile {seed}                             -> {gpu_share, kernels}
+  env     {}                                 -> {gpu, driver, torch, triton, clocks}
+
+Every reply echoes the command's `id`. A failure is {"ok": false, "error", "tb", "phase"};
+the process keeps serving unless the C worker kills it. Outputs are written with tensorio to
+the paths the command names (under /io); the C worker compares them. Nothing in a reply
+decides correctness: launch counts, mutation and tamper reports are evidence the C worker
+combines with its own comparison and its own clock.
+"""
+import json
+import os
+import sys
+import time
+import traceback
+
+_perf_ns = time.perf_counter_ns
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.runtime.jit as _jit  # noqa: E402
+
+from anvil_harness import static, tasks, tensorio  # noqa: E402
+
+try:
+    import triton.runtime.interpreter as _interp
+except Exception:  # an older Triton without the interpreter module
+    _interp = None
+
+_sync_cuda = torch.cuda.synchronize
+_Event = torch.cuda.Event
+_event_record = torch.cuda.Event.record
+_event_elapsed = torch.cuda.Event.elapsed_time
+_clone = torch.Tensor.clone
+_equal = torch.equal
+_fill = torch.Tensor.fill_
+
+# -- launch counter --------------------------------------------------------------------------
+_launch = {"on": False, "file": None, "count": 0, "names": set()}
+
+
+def _wrap_run(cls):
+    orig = cls.run
+
+    def run(self, *args, **kwargs):
+        if _launch["on"] and not kwargs.get("warmup", False):
+            fn = getattr(self, "fn", None)
+            code = getattr(fn, "__code__", None)
+            if code is not None and code.co_filename == _launch["file"]:
+                _launch["count"] += 1
+                _launch["names"].add(fn.__name__)
+        return orig(self, *args, **kwargs)
+
+    run.__anvil_hook__ = True
+    cls.run = run
+    return run
+
+
+_hooks = {"jit": _wrap_run(_jit.JITFunction)}
+if _interp is not None and hasattr(_interp, "InterpretedFunction"):
+    _hooks["interp"] = _wrap_run(_interp.InterpretedFunction)
+
+# -- tamper check: the objects the harness relies on, by identity -----------------------------
+_WATCHED = [(torch.cuda, "synchronize"), (torch.cuda, "Event"), (torch.cuda.Event, "record"),
+            (torch.cuda.Event, "elapsed_time"), (time, "perf_counter"),
+            (time, "perf_counter_ns"), (time, "time"), (time, "monotonic"),
+            (torch, "equal"), (torch, "manual_seed"), (torch.Tensor, "clone"),
+            (torch.Tensor, "fill_"), (torch.Tensor, "to"), (torch.Tensor, "cpu"),
+            (torch.Tensor, "copy_"), (torch.nn.Module, "__call__"), (_jit.JITFunction, "run")]
+if _interp is not None and hasattr(_interp, "InterpretedFunction"):
+    _WATCHED.append((_interp.InterpretedFunction, "run"))
+_SNAPSHOT = [(o, a, o.__dict__.get(a, getattr(o, a))) for o, a in _WATCHED]
+
+
+def _tampered():
+    out = []
+    for obj, attr, orig in _SNAPSHOT:
+        now = obj.__dict__.get(attr, getattr(obj, attr, None))
+        if now is not orig:
+            out.append(f"{getattr(obj, '__name__', obj)}.{attr}")
+    return out
+
+
+# -- state of this process --------------------------------------------------------------------
+class State:
+    runner = None
+    device = "cpu"
+    flush = None
+
+
+S = State()
+
+
+def _sync():
+    if S.device.startswith("cuda"):
+        _sync_cuda()
+
+
+def _poison(out):
+    """Overwrites floating outputs with NaN before they are freed, so memory reused by a later
+    allocation (torch.empty returning last trial's block) cannot pass for a result."""
+    for _, leaf in tensorio.flatten(out):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.numel():
+            try:
+                _fill(leaf.detach(), float("nan"))
+            except RuntimeError:
+                pass
+
+
+def _clone_all(inputs):
+    return [_clone(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _mutated(inputs, copies):
+    for x, c in zip(inputs, copies):
+        if isinstance(x, torch.Tensor) and (x.shape != c.shape or x.dtype != c.dtype or not _equal(
+                torch.nan_to_num(x.detach()), torch.nan_to_num(c))):
+            return True
+    return False
+
+
+def cmd_static(msg):
+    kind = msg.get("kind", "kernelbench")
+    entries = None
+    if kind != "kernelbench":
+        _, test = tasks.split_tritonbench(msg["task"])
+        entries = tasks.test_entries(test)
+    try:
+        errors = static.check(msg["code"], kind, entries, msg.get("allow_ops") or ())
+    except SyntaxError as e:
+        return {"errors": [], "syntax_error": f"line {e.lineno}: {e.msg}"}
+    except (RecursionError, MemoryError, ValueError) as e:
+        return {"errors": [f"cannot analyse the code: {type(e).__name__}"]}
+    return {"errors": errors, "syntax_error": None}
+
+
+def cmd_load(msg):
+    S.device = msg.get("device", "cpu")
+    code = msg.get("code")
+    cand_file = "/io/candidate.py" if code is not None else None
+    _launch["file"] = cand_file
+    t0 = _perf_ns()
+    S.runner = None
+    S.runner = tasks.make_runner(msg["kind"], msg["task"], S.device, msg.get("init_seed", 0),
+                                 msg.get("globals"), code, cand_file)
+    if S.device.startswith("cuda") and S.flush is None:
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+        S.flush = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device=S.device)
+    return {"load_ms": (_perf_ns() - t0) / 1e6}
+
+
+def _call_counted(inputs):
+    _launch["count"] = 0
+    _launch["on"] = True
+    try:
+        out = S.runner.call(inputs)
+        _sync()
+    finally:
+        _launch["on"] = False
+    return out, _launch["count"]
+
+
+def cmd_trials(msg):
+    launches, mutated, ms, first_ms = [], [], [], None
+    modes = msg.get("modes") or []
+    for i, seed in enumerate(msg["seeds"]):
+        S.runner.set_train(bool(modes[i]) if i < len(modes) else False)
+        inputs = S.runner.make_inputs(seed)
+        copies = _clone_all(inputs)
+        _sync()
+        t0 = _perf_ns()
+        out, n = _call_counted(inputs)
+        dt = (_perf_ns() - t0) / 1e6
+        if first_ms is None:
+            first_ms = dt
+        ms.append(dt)
+        launches.append(n)
+        mutated.append(_mutated(inputs, copies))
+        tensorio.write(msg["dump"][i], out)
+        _poison(out)
+        del out, inputs, copies
+    S.runner.set_train(False)
+    return {"launches": launches, "mutated": mutated, "first_ms": first_ms, "ms": ms,
+            "kernels": sorted(_launch["names"])}
+
+
+def cmd_time(msg):
+    host, dev = [], []
+    cuda = S.device.startswith("cuda")
+    for _ in range(msg.get("warmup", 0)):
+        out = S.runner.call(S.runner.make_inputs(msg["seeds"][0]))
+        _sync()
+        del out
+    dump_at = msg.get("dump_at", -1)
+    for i, seed in enumerate(msg["seeds"]):
+        inputs = S.runner.make_inputs(seed)
+        if cuda and msg.get("flush_l2", True) and S.flush is not None:
+            S.flush.zero_()
+        _sync()
+        if cuda:
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            h0 = _perf_ns()
+            _event_record(start)
+            out = S.runner.call(inputs)
+            _event_record(end)
+            _sync()
+            h1 = _perf_ns()
+            dev.append(_event_elapsed(start, end))
+        else:
+            h0 = _perf_ns()
+            out = S.runner.call(inputs)
+            h1 = _perf_ns()
+        host.append((h1 - h0) / 1e6)
+        if i == dump_at:
+            tensorio.write(msg["dump"], out)
+        del out, inputs
+    return {"host_ms": host, "dev_ms": dev if cuda else None}
+
+
+def cmd_profile(msg):
+    if not S.device.startswith("cuda"):
+        return {"gpu_share": None}
+    from torch.profiler import ProfilerActivity, profile
+    inputs = S.runner.make_inputs(msg["seed"])
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = S.runner.call(inputs)
+        _sync()
+    names = set(_launch["names"])
+    total = mine = 0.0
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if ev.key.startswith(("cudaLaunch", "cudaDevice", "Memcpy", "Memset")):
+            continue
+        if getattr(ev, "device_type", None) is not None and "CUDA" not in str(ev.device_type):
+            continue
+        total += t
+        if any(ev.key.startswith(n) for n in names):
+            mine += t
+    del out
+    return {"gpu_share": (mine / total) if total > 0 else 0.0, "kernels": sorted(names)}
+
+
+def cmd_env(msg):
+    env = {"torch": torch.__version__, "triton": triton.__version__,
+           "device": "cuda" if msg.get("device", "cpu").startswith("cuda") else "cpu",
+           "python": sys.version.split()[0]}
+    if env["device"] == "cuda" and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env["gpu"] = p.name
+        env["driver"] = str(torch.version.cuda)
+        try:
+            env["clocks"] = f"sm_clock_khz={torch.cuda.clock_rate()}"
+        except Exception:
+            env["clocks"] = ""
+    else:
+        env["gpu"] = "cpu"
+        env["clocks"] = "triton-interpret" if os.environ.get("TRITON_INTERPRET") == "1" else ""
+    return env
+
+
+COMMANDS = {"static": cmd_static, "load": cmd_load, "trials": cmd_trials, "time": cmd_time,
+            "profile": cmd_profile, "env": cmd_env}
+PHASE = {"load": "compile", "trials": "run", "time": "run", "profile": "run"}
+
+
+def _reply(fd, obj):
+    data = (json.dumps(obj, default=str) + "\n").encode()
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def main(argv):
+    cmd_fd, reply_fd = int(argv[0]), int(argv[1])
+    sys.setrecursionlimit(4000)
+    _reply(reply_fd, {"event": "ready", "pid": os.getpid(), "torch": torch.__version__,
+                      "triton": triton.__version__})
+    stream = os.fdopen(cmd_fd, "rb", buffering=0)
+    buf = b""
+    while True:
+        chunk = stream.read(1 << 16)
+        if not chunk:
+            return 0
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            msg = json.loads(line)
+            name = msg.get("cmd")
+            rep = {"id": msg.get("id"), "ok": True}
+            try:
+                rep.update(COMMANDS[name](msg))
+            except BaseException as e:  # noqa: B036 - candidate code may raise SystemExit
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                rep = {"id": msg.get("id"), "ok": False, "phase": PHASE.get(name, "run"),
+                       "error": f"{type(e).__name__}: {e}"[:500],
+                       "tb": "".join(traceback.format_exception(e))[-4000:]}
+            rep["tampered"] = _tampered()
+            _reply(reply_fd, rep)

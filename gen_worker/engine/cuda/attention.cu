@@ -1,0 +1,538 @@
+/*  attention.cu - causal GQA attention over the paged KV cache: flash-decoding + prefill.
+
+    Work is cut into tiles, planned on the host once per step (ecu_attn_plan, reused by every
+    layer after prepare()): a decode sequence (one query token) gets one tile per fixed split
+    of ECU_ATTN_SPLIT cache positions, so how a sequence's context is cut never depends on the
+    rest of the batch; a prefill chunk gets tiles of up to ECU_ATTN_QT query tokens over their
+    whole causal range. Decode tiles come first in the plan and always run in their own launch
+    of the decode kernel, so a decode result is the same bits whatever else is in the batch
+    (batch-invariant). Decode kernel: one block per (split, KV head), each warp 32 positions,
+    each lane one position for q.k of all G = n_head / n_kv_head heads (q in shared memory,
+    K read straight from the pool), then lanes own head dimensions for p.V (coalesced rows of
+    V); the four warps' softmax states merge in shared memory. Prefill kernel: K/V chunks of
+    32 positions widened into shared memory and reused by all rows of the tile (tokens x
+    heads), one online softmax per row and warp. Every tile writes an unnormalised partial
+    (o, max, sum); a second kernel merges each token's partials in split order and
+    normalises, so the sum order is fixed too.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng_cuda_internal.h"
+
+#define ECU_ATTN_SPLIT 128 /* cache positions per decode split (4 warps x 32) */
+#define ECU_ATTN_QT 16     /* query tokens per prefill tile */
+#define ECU_ATTN_KC 32     /* cache positions per shared-memory chunk */
+#define ECU_ATTN_WARPS 4
+
+int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int head_dim,
+                  const ecu_attn_plan_t **plan_out)
+{
+    if (!b || b->n_seq <= 0 || !b->q_start || !b->ctx_len || !b->block_tables ||
+        b->max_blocks <= 0)
+        return -EINVAL;
+    if (st->plan_prepared && b->q_start == st->p_qstart && b->ctx_len == st->p_ctx &&
+        b->block_tables == st->p_tables && b->n_seq == st->p_nseq &&
+        b->max_blocks == st->p_maxblocks) {
+        *plan_out = &st->plan;
+        return 0;
+    }
+    st->plan_prepared = 0;
+    int n_seq = b->n_seq, n_tok = b->q_start[n_seq], n_tiles = 0, n_parts = 0, q_tile = 1;
+    if (b->q_start[0] != 0 || n_tok <= 0)
+        return -EINVAL;
+    for (int s = 0; s < n_seq; s++) {
+        int nq = b->q_start[s + 1] - b->q_start[s];
+        if (nq < 0 || b->ctx_len[s] < nq || (nq > 0 && b->ctx_len[s] <= 0))
+            return -EINVAL;
+        if (nq == 1) {
+            int ns = (b->ctx_len[s] + ECU_ATTN_SPLIT - 1) / ECU_ATTN_SPLIT;
+            n_tiles += ns;
+            n_parts += ns;
+        } else if (nq > 1) {
+            n_tiles += (nq + ECU_ATTN_QT - 1) / ECU_ATTN_QT;
+            n_parts += nq;
+            q_tile = nq < ECU_ATTN_QT ? (nq > q_tile ? nq : q_tile) : ECU_ATTN_QT;
+        }
+    }
+    size_t words = (size_t)4 * n_tiles + 2 * (size_t)n_tok + (n_seq + 1) + n_seq +
+                   (size_t)n_seq * b->max_blocks;
+    int32_t *h = (int32_t *)malloc(words * sizeof(int32_t));
+    if (!h)
+        return -ENOMEM;
+    int32_t *tiles = h, *tok_part = h + 4 * (size_t)n_tiles, *tok_nsplit = tok_part + n_tok;
+    int32_t *qs = tok_nsplit + n_tok, *ctx = qs + n_seq + 1, *tables = ctx + n_seq;
+    int ti = 0, part = 0;
+    /* decode tiles first (their own launch), then prefill tiles */
+    for (int s = 0; s < n_seq; s++) {
+        int q0 = b->q_start[s], nq = b->q_start[s + 1] - q0;
+        if (nq == 1) {
+            int ns = (b->ctx_len[s] + ECU_ATTN_SPLIT - 1) / ECU_ATTN_SPLIT;
+            for (int k = 0; k < ns; k++, ti++) {
+                tiles[4 * ti] = s, tiles[4 * ti + 1] = q0, tiles[4 * ti + 2] = 1;
+                tiles[4 * ti + 3] = k;
+            }
+            tok_part[q0] = part, tok_nsplit[q0] = ns;
+            part += ns;
+        }
+    }
+    int n_dec = ti;
+    for (int s = 0; s < n_seq; s++) {
+        int q0 = b->q_start[s], nq = b->q_start[s + 1] - q0;
+        if (nq > 1) {
+            for (int t0 = 0; t0 < nq; t0 += ECU_ATTN_QT, ti++) {
+                tiles[4 * ti] = s, tiles[4 * ti + 1] = q0 + t0;
+                tiles[4 * ti + 2] = nq - t0 < ECU_ATTN_QT ? nq - t0 : ECU_ATTN_QT;
+                tiles[4 * ti + 3] = 0;
+            }
+            for (int t = 0; t < nq; t++)
+                tok_part[q0 + t] = part++, tok_nsplit[q0 + t] = 1;
+        }
+    }
+    memcpy(qs, b->q_start, (size_t)(n_seq + 1) * 4);
+    memcpy(ctx, b->ctx_len, (size_t)n_seq * 4);
+    memcpy(tables, b->block_tables, (size_t)n_seq * b->max_blocks * 4);
+    int rc = ecu_buf_reserve(&st->plan_dev, words * sizeof(int32_t));
+    if (rc == 0 && cudaMemcpyAsync(st->plan_dev.ptr, h, words * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, st->stream) != cudaSuccess) {
+        ANV_ERROR("cuda: cannot upload the attention plan");
+        rc = ANV_EINTERNAL;
+    }
+    free(h);
+    if (rc)
+        return rc;
+    int32_t *d = (int32_t *)st->plan_dev.ptr;
+    ecu_attn_plan_t *p = &st->plan;
+    p->n_tiles = n_tiles, p->n_dec_tiles = n_dec, p->n_tok = n_tok, p->n_parts = n_parts, p->n_seq = n_seq;
+    p->max_blocks = b->max_blocks, p->q_tile = q_tile;
+    p->tiles = (int4 *)d;
+    p->tok_part = d + 4 * (size_t)n_tiles;
+    p->tok_nsplit = p->tok_part + n_tok;
+    p->seq_qstart = p->tok_nsplit + n_tok;
+    p->seq_ctx = p->seq_qstart + n_seq + 1;
+    p->block_tables = p->seq_ctx + n_seq;
+    *plan_out = p;
+    return 0;
+}
+
+/* K/V element loads widened to fp32, 8 at a time (16 bytes of bf16, 32 of fp32). */
+static __device__ __forceinline__ void s_ld8(const __nv_bfloat16 *p, float *o)
+{
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(h[i]);
+        o[2 * i] = f.x, o[2 * i + 1] = f.y;
+    }
+}
+static __device__ __forceinline__ void s_ld8(const float *p, float *o)
+{
+    float4 a = *(const float4 *)p, c = *(const float4 *)(p + 4);
+    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = c.x, o[5] = c.y, o[6] = c.z,
+    o[7] = c.w;
+}
+
+template <int HD, int RPW, typename T>
+static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
+    s_attn_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
+                  const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) T */,
+                  const int4 *tiles /* (n_tiles) {seq, tok0, n_q, split} */,
+                  const int *tok_part /* (n_tok) */, const int *seq_qstart /* (n_seq + 1) */,
+                  const int *seq_ctx /* (n_seq) */, const int *block_tables /* (n_seq, mb) */,
+                  int max_blocks, int block_size, int n_head, int n_kv_head, float scale,
+                  float *part_o /* (n_parts, n_head, HD) f32 */,
+                  float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+{
+    extern __shared__ float smem[];
+    float *ks = smem;                                /* (KC, HD + 1) */
+    float *vs = ks + ECU_ATTN_KC * (HD + 1);         /* (KC, HD) */
+    float *qs = vs + ECU_ATTN_KC * HD;               /* (WARPS * RPW, HD) */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int4 tl = tiles[blockIdx.x];
+    const int kvh = blockIdx.y, G = n_head / n_kv_head;
+    const int seq = tl.x, tok0 = tl.y, nq = tl.z, split = tl.w;
+    const int q0 = seq_qstart[seq], nq_seq = seq_qstart[seq + 1] - q0;
+    const int pos0 = seq_ctx[seq] - nq_seq + (tok0 - q0);
+    const int last = pos0 + nq - 1;
+    const bool decode = nq_seq == 1;
+    const int key_begin = decode ? split * ECU_ATTN_SPLIT : 0;
+    const int key_end = decode ? min(key_begin + ECU_ATTN_SPLIT, last + 1) : last + 1;
+    const int *table = block_tables + (size_t)seq * max_blocks;
+    const size_t kv_row = (size_t)n_kv_head * HD;
+    const int rows = nq * G;
+    constexpr int PER = HD / 32;
+
+    for (int row0 = 0; row0 < rows; row0 += ECU_ATTN_WARPS * RPW) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < ECU_ATTN_WARPS * RPW * HD; idx += blockDim.x) {
+            int r = row0 + idx / HD, d = idx % HD;
+            float v = 0.0f;
+            if (r < rows) {
+                int t = tok0 + r / G, h = kvh * G + r % G;
+                v = q[((size_t)t * n_head + h) * HD + d] * scale;
+            }
+            qs[idx] = v;
+        }
+        float o[RPW][PER], m[RPW], l[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+            for (int d = 0; d < PER; d++)
+                o[i][d] = 0.0f;
+        }
+        for (int c0 = key_begin; c0 < key_end; c0 += ECU_ATTN_KC) {
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < ECU_ATTN_KC * HD / 8; idx += blockDim.x) {
+                int j = idx / (HD / 8), d = (idx % (HD / 8)) * 8, c = c0 + j;
+                float kf[8], vf[8];
+                if (c < key_end) {
+                    size_t slot = (size_t)table[c / block_size] * block_size + c % block_size;
+                    size_t off = slot * kv_row + (size_t)kvh * HD + d;
+                    s_ld8(k_cache + off, kf);
+                    s_ld8(v_cache + off, vf);
+                } else {
+                    for (int e = 0; e < 8; e++)
+                        kf[e] = 0.0f, vf[e] = 0.0f;
+                }
+                for (int e = 0; e < 8; e++) {
+                    ks[j * (HD + 1) + d + e] = kf[e];
+                    vs[j * HD + d + e] = vf[e];
+                }
+            }
+            __syncthreads();
+            const int key = c0 + lane;
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                const int rl = warp + ECU_ATTN_WARPS * i, r = row0 + rl;
+                if (r >= rows)
+                    continue; /* warp-uniform */
+                const int pos = pos0 + r / G;
+                const float *qr = qs + rl * HD;
+                float s = 0.0f;
+#pragma unroll 16
+                for (int d = 0; d < HD; d++)
+                    s += qr[d] * ks[lane * (HD + 1) + d];
+                bool valid = key < key_end && key <= pos;
+                s = valid ? s : -INFINITY;
+                float m_new = fmaxf(m[i], ecu_warp_max(s));
+                if (m_new == -INFINITY)
+                    continue;
+                float p = valid ? __expf(s - m_new) : 0.0f;
+                float alpha = __expf(m[i] - m_new); /* 0 when m was -inf */
+                l[i] = l[i] * alpha + ecu_warp_sum(p);
+#pragma unroll
+                for (int d = 0; d < PER; d++)
+                    o[i][d] *= alpha;
+#pragma unroll 8
+                for (int j = 0; j < ECU_ATTN_KC; j++) {
+                    float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+                    for (int d = 0; d < PER; d++)
+                        o[i][d] += pj * vs[j * HD + lane + 32 * d];
+                }
+                m[i] = m_new;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const int r = row0 + warp + ECU_ATTN_WARPS * i;
+            if (r >= rows)
+                continue;
+            int t = tok0 + r / G, h = kvh * G + r % G;
+            size_t pi = (size_t)(tok_part[t] + (decode ? split : 0)) * n_head + h;
+#pragma unroll
+            for (int d = 0; d < PER; d++)
+                part_o[pi * HD + lane + 32 * d] = o[i][d];
+            if (lane == 0)
+                part_ml[pi] = make_float2(m[i], l[i]);
+        }
+    }
+}
+
+/* PER elements of a K/V row widened to fp32 (PER = HD / 32: 2 or 4). */
+template <int PER> static __device__ __forceinline__ void s_ldp(const __nv_bfloat16 *p, float *o)
+{
+    if (PER == 4) {
+        uint2 u = *(const uint2 *)p;
+        float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x);
+        float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+        o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
+    } else {
+        float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)p);
+        o[0] = a.x, o[1] = a.y;
+    }
+}
+template <int PER> static __device__ __forceinline__ void s_ldp(const float *p, float *o)
+{
+    if (PER == 4) {
+        float4 a = *(const float4 *)p;
+        o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w;
+    } else {
+        float2 a = *(const float2 *)p;
+        o[0] = a.x, o[1] = a.y;
+    }
+}
+
+template <int HD, int G, typename T>
+static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
+    s_attn_decode_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
+                         const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) T */,
+                         const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
+                         const int *tok_part /* (n_tok) */, const int *seq_ctx /* (n_seq) */,
+                         const int *block_tables /* (n_seq, mb) */, int max_blocks,
+                         int block_size, int n_head, int n_kv_head, float scale,
+                         float *part_o /* (n_parts, n_head, HD) f32 */,
+                         float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+{
+    constexpr int PER = HD / 32;
+    __shared__ float qs[G][HD];
+    __shared__ float wm[ECU_ATTN_WARPS][G], wl[ECU_ATTN_WARPS][G];
+    __shared__ float wo[ECU_ATTN_WARPS][G][HD];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int4 tl = tiles[blockIdx.x];
+    const int kvh = blockIdx.y, seq = tl.x, tok = tl.y, split = tl.w;
+    const int ctx = seq_ctx[seq];
+    const int key_begin = split * ECU_ATTN_SPLIT;
+    const int key_end = min(key_begin + ECU_ATTN_SPLIT, ctx);
+    const int *table = block_tables + (size_t)seq * max_blocks;
+    const size_t kv_row = (size_t)n_kv_head * HD;
+    for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x)
+        qs[idx / HD][idx % HD] =
+            q[((size_t)tok * n_head + kvh * G + idx / HD) * HD + idx % HD] * scale;
+    __syncthreads();
+
+    /* q.k: lane = one cache position */
+    const int wbase = key_begin + warp * 32, key = wbase + lane;
+    const bool valid = key < key_end;
+    size_t off = 0;
+    float sc[G];
+#pragma unroll
+    for (int g = 0; g < G; g++)
+        sc[g] = 0.0f;
+    if (valid) {
+        off = ((size_t)table[key / block_size] * block_size + key % block_size) * kv_row +
+              (size_t)kvh * HD;
+        const T *kr = k_cache + off;
+#pragma unroll 4
+        for (int d = 0; d < HD; d += 8) {
+            float kf[8];
+            s_ld8(kr + d, kf);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const float4 a = *(const float4 *)&qs[g][d], b = *(const float4 *)&qs[g][d + 4];
+                sc[g] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] +
+                         b.y * kf[5] + b.z * kf[6] + b.w * kf[7];
+            }
+        }
+    }
+    float m[G], l[G], pr[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        float sv = valid ? sc[g] : -INFINITY;
+        m[g] = ecu_warp_max(sv);
+        pr[g] = valid ? __expf(sv - m[g]) : 0.0f;
+        l[g] = ecu_warp_sum(pr[g]);
+    }
+
+    /* p.v: lane = PER head dimensions; rows of V read whole by the warp */
+    float o[G][PER];
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int e = 0; e < PER; e++)
+            o[g][e] = 0.0f;
+    const int nvalid = max(0, min(32, key_end - wbase));
+#pragma unroll 4
+    for (int j = 0; j < nvalid; j++) {
+        size_t oj = __shfl_sync(0xffffffffu, off, j);
+        float vf[PER];
+        s_ldp<PER>(v_cache + oj + lane * PER, vf);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float pj = __shfl_sync(0xffffffffu, pr[g], j);
+#pragma unroll
+            for (int e = 0; e < PER; e++)
+                o[g][e] += pj * vf[e];
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        if (lane == 0)
+            wm[warp][g] = nvalid > 0 ? m[g] : -INFINITY, wl[warp][g] = l[g];
+#pragma unroll
+        for (int e = 0; e < PER; e++)
+            wo[warp][g][lane * PER + e] = o[g][e];
+    }
+    __syncthreads();
+    /* merge the warps in a fixed order */
+    for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+        int g = idx / HD, d = idx % HD;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < ECU_ATTN_WARPS; w++)
+            mx = fmaxf(mx, wm[w][g]);
+        float acc = 0.0f, sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ECU_ATTN_WARPS; w++) {
+            if (wm[w][g] == -INFINITY)
+                continue;
+            float f = __expf(wm[w][g] - mx);
+            acc += wo[w][g][d] * f;
+            sum += wl[w][g] * f;
+        }
+        size_t pi = (size_t)(tok_part[tok] + split) * n_head + kvh * G + g;
+        part_o[pi * HD + d] = acc;
+        if (d == 0)
+            part_ml[pi] = make_float2(mx, sum);
+    }
+}
+
+static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f32 */,
+                                             const float *part_o /* (n_parts, n_head, hd) */,
+                                             const float2 *part_ml /* (n_parts, n_head) */,
+                                             const int *tok_part, const int *tok_nsplit,
+                                             int n_head, int head_dim)
+{
+    int t = blockIdx.x, h = blockIdx.y;
+    int base = tok_part[t], ns = tok_nsplit[t];
+    float mx = -INFINITY;
+    for (int i = 0; i < ns; i++)
+        mx = fmaxf(mx, part_ml[(size_t)(base + i) * n_head + h].x);
+    float sum = 0.0f;
+    for (int i = 0; i < ns; i++) {
+        float2 ml = part_ml[(size_t)(base + i) * n_head + h];
+        sum += ml.x == -INFINITY ? 0.0f : ml.y * __expf(ml.x - mx);
+    }
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int i = 0; i < ns; i++) {
+            size_t pi = (size_t)(base + i) * n_head + h;
+            float mi = part_ml[pi].x;
+            if (mi != -INFINITY)
+                acc += part_o[pi * head_dim + d] * __expf(mi - mx);
+        }
+        out[((size_t)t * n_head + h) * head_dim + d] = acc * inv;
+    }
+}
+
+template <int HD, int RPW, typename T>
+static int s_attn_launch_one(ecu_state_t *st, const ecu_attn_plan_t *p, int t0, int nt,
+                             const float *q, const void *kc, const void *vc, int n_head,
+                             int n_kv_head, int block_size)
+{
+    size_t smem = (size_t)(ECU_ATTN_KC * (HD + 1) + ECU_ATTN_KC * HD +
+                           ECU_ATTN_WARPS * RPW * HD) * sizeof(float);
+    static bool attr_set = false; /* per instantiation */
+    if (!attr_set) {
+        ECU_CHECK(cudaFuncSetAttribute(s_attn_kernel<HD, RPW, T>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
+    }
+    dim3 grid(nt, n_kv_head);
+    s_attn_kernel<HD, RPW, T><<<grid, ECU_ATTN_WARPS * 32, smem, st->stream>>>(
+        q, (const T *)kc, (const T *)vc, p->tiles + t0, p->tok_part, p->seq_qstart, p->seq_ctx,
+        p->block_tables, p->max_blocks, block_size, n_head, n_kv_head,
+        1.0f / sqrtf((float)HD), (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr);
+    ECU_LAUNCHED();
+    return 0;
+}
+
+/* The general kernel over tiles [t0, t0 + nt) whose tiles hold at most `rows` rows. */
+template <int HD, typename T>
+static int s_attn_launch_rows(ecu_state_t *st, const ecu_attn_plan_t *p, int t0, int nt,
+                              int rows, const float *q, const void *kc, const void *vc,
+                              int n_head, int n_kv_head, int block_size)
+{
+    int rpw = (rows + ECU_ATTN_WARPS - 1) / ECU_ATTN_WARPS;
+    if (rpw <= 1)
+        return s_attn_launch_one<HD, 1, T>(st, p, t0, nt, q, kc, vc, n_head, n_kv_head,
+                                           block_size);
+    if (rpw <= 4)
+        return s_attn_launch_one<HD, 4, T>(st, p, t0, nt, q, kc, vc, n_head, n_kv_head,
+                                           block_size);
+    return s_attn_launch_one<HD, 16, T>(st, p, t0, nt, q, kc, vc, n_head, n_kv_head, block_size);
+}
+
+template <int HD, int G, typename T>
+static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const float *q,
+                                const void *kc, const void *vc, int n_head, int n_kv_head,
+                                int block_size)
+{
+    dim3 grid(p->n_dec_tiles, n_kv_head);
+    s_attn_decode_kernel<HD, G, T><<<grid, ECU_ATTN_WARPS * 32, 0, st->stream>>>(
+        q, (const T *)kc, (const T *)vc, p->tiles, p->tok_part, p->seq_ctx, p->block_tables,
+        p->max_blocks, block_size, n_head, n_kv_head, 1.0f / sqrtf((float)HD),
+        (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr);
+    ECU_LAUNCHED();
+    return 0;
+}
+
+template <int HD, typename T>
+static int s_attn_launch_hd(ecu_state_t *st, const ecu_attn_plan_t *p, const float *q,
+                            const void *kc, const void *vc, int n_head, int n_kv_head,
+                            int block_size)
+{
+    int G = n_head / n_kv_head, nd = p->n_dec_tiles, np = p->n_tiles - nd;
+    if (nd > 0) {
+        /* decode tiles: always this launch, whatever else the batch holds */
+        if (G == 1)
+            ECU_TRY((s_attn_launch_decode<HD, 1, T>(st, p, q, kc, vc, n_head, n_kv_head,
+                                                    block_size)));
+        else if (G == 2)
+            ECU_TRY((s_attn_launch_decode<HD, 2, T>(st, p, q, kc, vc, n_head, n_kv_head,
+                                                    block_size)));
+        else if (G == 4)
+            ECU_TRY((s_attn_launch_decode<HD, 4, T>(st, p, q, kc, vc, n_head, n_kv_head,
+                                                    block_size)));
+        else if (G == 8)
+            ECU_TRY((s_attn_launch_decode<HD, 8, T>(st, p, q, kc, vc, n_head, n_kv_head,
+                                                    block_size)));
+        else
+            ECU_TRY((s_attn_launch_rows<HD, T>(st, p, 0, nd, G, q, kc, vc, n_head, n_kv_head,
+                                               block_size)));
+    }
+    if (np > 0)
+        ECU_TRY((s_attn_launch_rows<HD, T>(st, p, nd, np, p->q_tile * G, q, kc, vc, n_head,
+                                           n_kv_head, block_size)));
+    return 0;
+}
+
+extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, const void *k_cache,
+                             const void *v_cache, const eng_attn_batch_t *batch, int n_head,
+                             int n_kv_head, int head_dim, int block_size)
+{
+    ecu_state_t *st = ecu_st(be);
+    const ecu_attn_plan_t *p;
+    if (!out || !q || !k_cache || !v_cache || !batch || n_head <= 0 || n_kv_head <= 0 ||
+        n_head % n_kv_head || block_size <= 0)
+        return -EINVAL;
+    if (head_dim != 64 && head_dim != 128) {
+        ANV_ERROR("cuda attention: head_dim %d is not supported (64, 128)", head_dim);
+        return ANV_EUNSUPPORTED;
+    }
+    ECU_TRY(ecu_attn_plan(st, batch, n_head, head_dim, &p));
+    ECU_TRY(ecu_buf_reserve(&st->part_o, (size_t)p->n_parts * n_head * head_dim * 4));
+    ECU_TRY(ecu_buf_reserve(&st->part_ml, (size_t)p->n_parts * n_head * sizeof(float2)));
+    bool bf = be->kv_dtype == ENG_DTYPE_BF16;
+    int rc;
+    if (head_dim == 64)
+        rc = bf ? s_attn_launch_hd<64, __nv_bfloat16>(st, p, q, k_cache, v_cache, n_head,
+                                                      n_kv_head, block_size)
+                : s_attn_launch_hd<64, float>(st, p, q, k_cache, v_cache, n_head, n_kv_head,
+                                              block_size);
+    else
+        rc = bf ? s_attn_launch_hd<128, __nv_bfloat16>(st, p, q, k_cache, v_cache, n_head,
+                                                       n_kv_head, block_size)
+                : s_attn_launch_hd<128, float>(st, p, q, k_cache, v_cache, n_head, n_kv_head,
+                                               block_size);
+    if (rc)
+        return rc;
+    dim3 grid(p->n_tok, n_head);
+    s_attn_combine_kernel<<<grid, head_dim, 0, st->stream>>>(
+        out, (const float *)st->part_o.ptr, (const float2 *)st->part_ml.ptr, p->tok_part,
+        p->tok_nsplit, n_head, head_dim);
+    ECU_LAUNCHED();
+    return 0;
+}

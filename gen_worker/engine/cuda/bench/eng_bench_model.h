@@ -1,0 +1,61 @@
+/*  eng_bench_model.h - a Llama forward pass over any eng_backend_t, for benchmarks and tests.
+
+    The smallest complete user of the ops table: embedding, per layer RMSNorm, stacked QKV
+    matmul, RoPE + paged K/V store, paged attention, output projection, fused residual-add +
+    RMSNorm, stacked gate|up matmul, SwiGLU, down projection, final norm, lm_head over the
+    requested rows. With `fused` it uses the optional extensions (prepare, rope_kv_store,
+    swiglu_fused) where the backend has them; without, only the base ops (the CPU path), so the
+    two can be compared on identical weights. Weights are stored stacked as the CUDA path
+    wants them (q|k|v rows, gate|up rows); eng_bm_load copies an HF tensor into its place.
+    Sequences, block tables and sampling are the caller's (see the benchmark and the tests).
+*/
+#ifndef ENG_BENCH_MODEL_H
+#define ENG_BENCH_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "eng_ops.h"
+
+typedef struct {
+    int vocab, hidden, n_layer, n_head, n_kv_head, head_dim, ffn;
+    float rope_theta, eps;
+    eng_dtype_t wdtype; /* weight dtype */
+    int block_size;     /* KV positions per block */
+} eng_bm_config_t;
+
+typedef struct eng_bm eng_bm_t;
+
+/* Fills n elements of backend memory dst (dtype) with uniform values in
+   [center - scale, center + scale] determined by seed. */
+typedef int (*eng_bm_fill_fn)(eng_backend_t *be, void *dst, eng_dtype_t dtype, size_t n,
+                              uint64_t seed, float center, float scale);
+
+/* Host generator + upload: the same weights on every backend for a given seed. */
+int eng_bm_fill_host(eng_backend_t *be, void *dst, eng_dtype_t dtype, size_t n, uint64_t seed,
+                     float center, float scale);
+
+/* Builds the model on `be` (borrowed; must outlive the model) with KV pools of n_blocks
+   blocks per layer and activations for up to max_tok tokens and max_rows logits rows.
+   fill == NULL leaves the weights zeroed (to be loaded with eng_bm_load). NULL on failure. */
+eng_bm_t *eng_bm_new(eng_backend_t *be, const eng_bm_config_t *cfg, int n_blocks, int max_tok,
+                     int max_rows, eng_bm_fill_fn fill, uint64_t seed, int fused);
+void eng_bm_destroy(eng_bm_t **self_p);
+
+/* Copies host tensor `name` (an HF LlamaForCausalLM parameter name, in cfg->wdtype) into the
+   model. ANV_ENOTFOUND for an unknown name, ANV_EFORMAT for a wrong size. */
+int eng_bm_load(eng_bm_t *self, const char *name, const void *host, size_t bytes);
+
+/* Bytes of all weights (what one decode step must read). */
+size_t eng_bm_weight_bytes(const eng_bm_t *self);
+/* Bytes of K and V of one cached position over all layers. */
+size_t eng_bm_kv_bytes_per_token(const eng_bm_t *self);
+
+/* One step: n_tok = batch->q_start[n_seq] tokens with ids, pos, slots (host) as in eng_ops.h;
+   computes logits (n_rows, vocab) f32 (backend memory owned by the model, valid until the
+   next step) of the hidden rows `rows` (host). */
+int eng_bm_forward(eng_bm_t *self, const eng_attn_batch_t *batch, const int32_t *ids,
+                   const int32_t *pos, const int32_t *slots, const int32_t *rows, int n_rows,
+                   float **logits);
+
+#endif

@@ -1,0 +1,463 @@
+/*  eng_cuda.cu - the CUDA backend object: device, stream, memory, prepare, the op table.
+
+    One backend = one device and one non-blocking stream; every op queues work on that stream
+    and returns, so a decode step runs without host synchronisation until `sample` (or a
+    download) reads its result. Scratch buffers belong to the state and grow on demand: a grow
+    frees and reallocates, which is safe because all users are ordered on the one stream
+    (cudaFree waits for the device). prepare() copies a step's host index arrays into one
+    device buffer with a single upload and builds the attention plan once for all layers.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng_cuda_internal.h"
+
+/* --- buffers ----------------------------------------------------------------------------- */
+
+int ecu_buf_reserve(ecu_buf_t *buf, size_t bytes)
+{
+    if (bytes <= buf->bytes)
+        return 0;
+    size_t want = bytes + bytes / 4;
+    if (buf->ptr)
+        ECU_CHECK(cudaFree(buf->ptr));
+    buf->ptr = NULL;
+    buf->bytes = 0;
+    ECU_CHECK(cudaMalloc(&buf->ptr, want));
+    buf->bytes = want;
+    return 0;
+}
+
+int ecu_buf_reserve_host(ecu_buf_t *buf, size_t bytes)
+{
+    if (bytes <= buf->bytes)
+        return 0;
+    size_t want = bytes + bytes / 4;
+    if (buf->ptr)
+        ECU_CHECK(cudaFreeHost(buf->ptr));
+    buf->ptr = NULL;
+    buf->bytes = 0;
+    ECU_CHECK(cudaMallocHost(&buf->ptr, want));
+    buf->bytes = want;
+    return 0;
+}
+
+void ecu_buf_release(ecu_buf_t *buf)
+{
+    if (buf->ptr)
+        cudaFree(buf->ptr);
+    buf->ptr = NULL;
+    buf->bytes = 0;
+}
+
+void ecu_buf_release_host(ecu_buf_t *buf)
+{
+    if (buf->ptr)
+        cudaFreeHost(buf->ptr);
+    buf->ptr = NULL;
+    buf->bytes = 0;
+}
+
+int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t **dev)
+{
+    if (!host || n <= 0)
+        return -EINVAL;
+    if (st->step_valid) {
+        const int32_t *hp = NULL, *dp = NULL;
+        int hn = st->step.n_tok;
+        switch (role) {
+        case ECU_IDX_IDS:
+            hp = st->step.ids, dp = st->d_ids;
+            break;
+        case ECU_IDX_POS:
+            hp = st->step.pos, dp = st->d_pos;
+            break;
+        case ECU_IDX_SLOTS:
+            hp = st->step.slots, dp = st->d_slots;
+            break;
+        case ECU_IDX_ROWS:
+            hp = st->step.rows, dp = st->d_rows, hn = st->step.n_rows;
+            break;
+        }
+        if (hp == host && n <= hn) {
+            *dev = dp;
+            return 0;
+        }
+    }
+    ECU_TRY(ecu_buf_reserve(&st->idx[role], (size_t)n * sizeof(int32_t)));
+    /* pageable source: the call returns once the source is staged, so the caller may reuse
+       its array at once; the device copy is ordered before the op's kernel */
+    ECU_CHECK(cudaMemcpyAsync(st->idx[role].ptr, host, (size_t)n * sizeof(int32_t),
+                              cudaMemcpyHostToDevice, st->stream));
+    *dev = (const int32_t *)st->idx[role].ptr;
+    return 0;
+}
+
+/* --- memory ops -------------------------------------------------------------------------- */
+
+static void *s_alloc(eng_backend_t *be, size_t bytes)
+{
+    ecu_state_t *st = ecu_st(be);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        ANV_ERROR("cuda: cannot allocate %zu bytes: %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    e = cudaMemsetAsync(p, 0, bytes, st->stream);
+    if (e != cudaSuccess) {
+        ANV_ERROR("cuda: cannot clear %zu bytes: %s", bytes, cudaGetErrorString(e));
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void s_free(eng_backend_t *be, void *ptr)
+{
+    if (ptr)
+        cudaFree(ptr);
+}
+
+static void *s_weight(eng_backend_t *be, const void *host, size_t bytes)
+{
+    ecu_state_t *st = ecu_st(be);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        ANV_ERROR("cuda: cannot allocate %zu bytes for a weight: %s", bytes,
+                  cudaGetErrorString(e));
+        return NULL;
+    }
+    e = cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, st->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(st->stream);
+    if (e != cudaSuccess) {
+        ANV_ERROR("cuda: cannot upload a weight of %zu bytes: %s", bytes, cudaGetErrorString(e));
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void s_weight_release(eng_backend_t *be, void *ptr)
+{
+    if (ptr)
+        cudaFree(ptr);
+}
+
+static int s_upload(eng_backend_t *be, void *dst, const void *host_src, size_t bytes)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (!dst || !host_src)
+        return -EINVAL;
+    ECU_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, st->stream));
+    return 0;
+}
+
+static int s_download(eng_backend_t *be, void *host_dst, const void *src, size_t bytes)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (!host_dst || !src)
+        return -EINVAL;
+    ECU_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, st->stream));
+    ECU_CHECK(cudaStreamSynchronize(st->stream));
+    return 0;
+}
+
+static int s_sync(eng_backend_t *be)
+{
+    ECU_CHECK(cudaStreamSynchronize(ecu_st(be)->stream));
+    return 0;
+}
+
+static int s_mem_info(eng_backend_t *be, size_t *free_bytes, size_t *total_bytes)
+{
+    size_t f = 0, t = 0;
+    ECU_CHECK(cudaMemGetInfo(&f, &t));
+    if (free_bytes)
+        *free_bytes = f;
+    if (total_bytes)
+        *total_bytes = t;
+    return 0;
+}
+
+static int s_prepare(eng_backend_t *be, const eng_step_t *step)
+{
+    ecu_state_t *st = ecu_st(be);
+    st->step_valid = 0;
+    st->plan_prepared = 0;
+    if (!step)
+        return 0;
+    int n = step->n_tok > 0 ? step->n_tok : 0, nr = step->n_rows > 0 ? step->n_rows : 0;
+    size_t words = (size_t)3 * n + nr;
+    if (words) {
+        /* one pinned staging copy + one upload for the four arrays */
+        ECU_TRY(ecu_buf_reserve(&st->step_dev, words * sizeof(int32_t)));
+        int32_t *tmp = (int32_t *)malloc(words * sizeof(int32_t));
+        if (!tmp)
+            return -ENOMEM;
+        memset(tmp, 0, words * sizeof(int32_t));
+        if (step->ids)
+            memcpy(tmp, step->ids, (size_t)n * 4);
+        if (step->pos)
+            memcpy(tmp + n, step->pos, (size_t)n * 4);
+        if (step->slots)
+            memcpy(tmp + 2 * n, step->slots, (size_t)n * 4);
+        if (step->rows && nr)
+            memcpy(tmp + 3 * n, step->rows, (size_t)nr * 4);
+        cudaError_t e = cudaMemcpyAsync(st->step_dev.ptr, tmp, words * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, st->stream);
+        free(tmp);
+        ECU_CHECK(e);
+    }
+    int32_t *d = (int32_t *)st->step_dev.ptr;
+    st->step = *step;
+    st->d_ids = d;
+    st->d_pos = d + n;
+    st->d_slots = d + 2 * n;
+    st->d_rows = d + 3 * n;
+    st->step_valid = 1;
+    if (step->batch) {
+        const ecu_attn_plan_t *plan;
+        st->p_qstart = NULL;
+        /* the head count is not known here: the plan does not depend on it */
+        ECU_TRY(ecu_attn_plan(st, step->batch, 0, 0, &plan));
+        st->p_qstart = step->batch->q_start;
+        st->p_ctx = step->batch->ctx_len;
+        st->p_tables = step->batch->block_tables;
+        st->p_nseq = step->batch->n_seq;
+        st->p_maxblocks = step->batch->max_blocks;
+        st->plan_prepared = 1;
+    }
+    return 0;
+}
+
+/* --- helpers for benchmarks and tests ---------------------------------------------------- */
+
+static __device__ __forceinline__ uint64_t s_mix(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+template <typename T>
+static __global__ void s_fill_kernel(T *dst /* (n) T */, size_t n, uint64_t seed, float center,
+                                     float scale)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t h = s_mix(seed * 0x9e3779b97f4a7c15ull + i);
+        float u = (float)(h >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+        dst[i] = ecu_from_f32<T>(center + scale * (2.0f * u - 1.0f));
+    }
+}
+
+extern "C" int eng_cuda_fill_random(eng_backend_t *be, void *dst, eng_dtype_t dtype, size_t n,
+                                    uint64_t seed, float center, float scale)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (!dst || !n)
+        return -EINVAL;
+    int grid = st->n_sm * 8;
+    switch (dtype) {
+    case ENG_DTYPE_F32:
+        s_fill_kernel<<<grid, 256, 0, st->stream>>>((float *)dst, n, seed, center, scale);
+        break;
+    case ENG_DTYPE_BF16:
+        s_fill_kernel<<<grid, 256, 0, st->stream>>>((__nv_bfloat16 *)dst, n, seed, center,
+                                                     scale);
+        break;
+    case ENG_DTYPE_F16:
+        s_fill_kernel<<<grid, 256, 0, st->stream>>>((__half *)dst, n, seed, center, scale);
+        break;
+    default:
+        return -EINVAL;
+    }
+    ECU_LAUNCHED();
+    return 0;
+}
+
+static int s_cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+extern "C" int eng_cuda_copy_bandwidth(eng_backend_t *be, size_t bytes, int iters, double *gbps)
+{
+    ecu_state_t *st = ecu_st(be);
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float *ms = NULL;
+    int rc = ANV_EINTERNAL;
+    if (iters < 1 || !gbps)
+        return -EINVAL;
+    ms = (float *)calloc((size_t)iters, sizeof(float));
+    if (!ms)
+        return -ENOMEM;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
+        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+        ANV_ERROR("cuda: cannot set up a copy of %zu bytes", bytes);
+        goto out;
+    }
+    cudaMemsetAsync(a, 1, bytes, st->stream);
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st->stream); /* warm-up */
+    for (int i = 0; i < iters; i++) {
+        cudaEventRecord(e0, st->stream);
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st->stream);
+        cudaEventRecord(e1, st->stream);
+        if (cudaEventSynchronize(e1) != cudaSuccess)
+            goto out;
+        cudaEventElapsedTime(&ms[i], e0, e1);
+    }
+    qsort(ms, (size_t)iters, sizeof(float), s_cmp_float);
+    *gbps = 2.0 * (double)bytes / (ms[iters / 2] * 1e-3) / 1e9;
+    rc = 0;
+out:
+    if (cudaGetLastError() != cudaSuccess)
+        rc = ANV_EINTERNAL;
+    cudaFree(a);
+    cudaFree(b);
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    free(ms);
+    return rc;
+}
+
+extern "C" int eng_cuda_device_name(eng_backend_t *be, char *buf, size_t len)
+{
+    cudaDeviceProp prop;
+    ECU_CHECK(cudaGetDeviceProperties(&prop, ecu_st(be)->device));
+    snprintf(buf, len, "%s", prop.name);
+    return 0;
+}
+
+extern "C" int eng_cuda_available(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+/* --- object ------------------------------------------------------------------------------ */
+
+static void s_destroy(eng_backend_t **be_p)
+{
+    if (!be_p || !*be_p)
+        return;
+    eng_backend_t *be = *be_p;
+    ecu_state_t *st = ecu_st(be);
+    if (st) {
+        if (st->stream)
+            cudaStreamSynchronize(st->stream);
+        ecu_buf_release(&st->lt_ws);
+        ecu_buf_release(&st->xconv);
+        for (int i = 0; i < ECU_IDX_N; i++)
+            ecu_buf_release(&st->idx[i]);
+        ecu_buf_release(&st->step_dev);
+        ecu_buf_release(&st->plan_dev);
+        ecu_buf_release(&st->part_o);
+        ecu_buf_release(&st->part_ml);
+        ecu_buf_release(&st->samp_params);
+        ecu_buf_release(&st->samp_out);
+        ecu_buf_release_host(&st->samp_host);
+        if (st->lt)
+            cublasLtDestroy(st->lt);
+        if (st->stream)
+            cudaStreamDestroy(st->stream);
+        free(st);
+    }
+    free(be);
+    *be_p = NULL;
+}
+
+extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
+{
+    eng_backend_t *be = (eng_backend_t *)calloc(1, sizeof(*be));
+    ecu_state_t *st = (ecu_state_t *)calloc(1, sizeof(*st));
+    int n_dev = 0;
+    cudaDeviceProp prop;
+    cudaError_t e;
+    if (!be || !st) {
+        free(be);
+        free(st);
+        return NULL;
+    }
+    be->state = st;
+    be->destroy = s_destroy;
+    if (kv_dtype != ENG_DTYPE_BF16 && kv_dtype != ENG_DTYPE_F32) {
+        ANV_ERROR("cuda backend: kv dtype %s is not supported (bf16, f32)",
+                  ecu_dtype_name(kv_dtype));
+        goto fail;
+    }
+    e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev == 0) {
+        ANV_ERROR("cuda backend: no usable GPU (%s)",
+                  e != cudaSuccess ? cudaGetErrorString(e) : "no device");
+        goto fail;
+    }
+    st->device = 0;
+    if (cudaSetDevice(0) != cudaSuccess || cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        ANV_ERROR("cuda backend: cannot start device 0: %s",
+                  cudaGetErrorString(cudaGetLastError()));
+        goto fail;
+    }
+    st->n_sm = prop.multiProcessorCount;
+    if (cublasLtCreate(&st->lt) != CUBLAS_STATUS_SUCCESS) {
+        ANV_ERROR("cuda backend: cannot create a cuBLASLt handle");
+        goto fail;
+    }
+    if (ecu_buf_reserve(&st->lt_ws, (size_t)32 << 20) < 0)
+        goto fail;
+    be->name = "cuda";
+    be->kv_dtype = kv_dtype;
+    be->alloc = s_alloc;
+    be->free = s_free;
+    be->weight = s_weight;
+    be->weight_release = s_weight_release;
+    be->upload = s_upload;
+    be->download = s_download;
+    be->sync = s_sync;
+    be->embedding = ecu_embedding;
+    be->rmsnorm = ecu_rmsnorm;
+    be->add_rmsnorm = ecu_add_rmsnorm;
+    be->matmul = ecu_matmul;
+    be->rope = ecu_rope;
+    be->kv_store = ecu_kv_store;
+    be->attention = ecu_attention;
+    be->copy_block = ecu_copy_block;
+    be->swiglu = ecu_swiglu;
+    be->gather_rows = ecu_gather_rows;
+    be->log_softmax = ecu_log_softmax;
+    be->mem_info = s_mem_info;
+    be->prepare = s_prepare;
+    be->rope_kv_store = ecu_rope_kv_store;
+    be->swiglu_fused = ecu_swiglu_fused;
+    be->sample = ecu_sample;
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s", prop.name, st->n_sm,
+             prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype));
+    return be;
+fail:
+    s_destroy(&be);
+    return NULL;
+}
+
+extern "C" eng_backend_t *eng_cuda_backend_new(void)
+{
+    const char *kv = getenv("ANVIL_CUDA_KV");
+    eng_dtype_t dt = ENG_DTYPE_BF16;
+    if (kv && (strcmp(kv, "f32") == 0 || strcmp(kv, "F32") == 0))
+        dt = ENG_DTYPE_F32;
+    else if (kv && strcmp(kv, "bf16") != 0 && strcmp(kv, "BF16") != 0) {
+        ANV_ERROR("ANVIL_CUDA_KV='%s' is not a kv dtype (bf16, f32)", kv);
+        return NULL;
+    }
+    return eng_cuda_backend_new_kv(dt);
+}

@@ -1,0 +1,48 @@
+/*  eng_cuda.h - the CUDA backend of eng_ops.h (one GPU, one stream).
+
+    All ops of eng_backend_t plus the optional extensions (mem_info, prepare, rope_kv_store,
+    swiglu_fused, sample). Weights and KV pools live in device memory; activations are fp32;
+    GEMMs run through cuBLASLt (activations rounded to the weight dtype, fp32 accumulation)
+    except for n <= 8 rows, where a GEMV kernel reads fp32 activations directly. The KV pools
+    are bf16 by default (ENG_DTYPE_F32 on request, for bit-close comparisons with the CPU).
+    Everything is queued on one stream; only download, sync and sample wait for it.
+*/
+#ifndef ENG_CUDA_H
+#define ENG_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "eng_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The default CUDA backend: KV dtype from $ANVIL_CUDA_KV ("bf16", the default, or "f32").
+   Returns NULL with the reason logged when no GPU is usable. */
+eng_backend_t *eng_cuda_backend_new(void);
+/* Same with an explicit KV dtype (ENG_DTYPE_BF16 or ENG_DTYPE_F32). */
+eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype);
+
+/* True when a CUDA device is visible (for tests that skip without one). */
+int eng_cuda_available(void);
+
+/* Fills n elements of device memory `dst` of `dtype` with uniform values in
+   [center - scale, center + scale] from a counter-based generator keyed by seed (no host
+   copy: used to build benchmark-sized random models on the GPU). */
+int eng_cuda_fill_random(eng_backend_t *be, void *dst, eng_dtype_t dtype, size_t n,
+                         uint64_t seed, float center, float scale);
+
+/* Measures a device-to-device copy of `bytes` (median of iters): *gbps = (read + written)
+   bytes / s. The reference bandwidth of the benchmarks. */
+int eng_cuda_copy_bandwidth(eng_backend_t *be, size_t bytes, int iters, double *gbps);
+
+/* Device name into buf (for reports). */
+int eng_cuda_device_name(eng_backend_t *be, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

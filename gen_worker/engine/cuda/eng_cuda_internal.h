@@ -1,0 +1,250 @@
+/*  eng_cuda_internal.h - state and helpers shared by the CUDA backend's .cu files.
+
+    Included by .cu files only (never by C). The backend state owns the stream, the cuBLASLt
+    handle and every scratch buffer; buffers grow on demand (stream-ordered use on the one
+    stream makes reuse across ops safe). Host index arrays reach the device through
+    ecu_idx(): the copies made by prepare() when the pointer is the prepared one, otherwise an
+    asynchronous upload into a per-role scratch buffer.
+*/
+#ifndef ENG_CUDA_INTERNAL_H
+#define ENG_CUDA_INTERNAL_H
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdint.h>
+
+extern "C" {
+#include "anv_error.h"
+#include "anv_log.h"
+#include "eng_ops.h"
+}
+#include "eng_cuda.h"
+
+/* Logs the failing statement with file and line, then returns ANV_EINTERNAL. */
+#define ECU_CHECK(stmt)                                                                            \
+    do {                                                                                           \
+        cudaError_t ecu_e_ = (stmt);                                                               \
+        if (ecu_e_ != cudaSuccess) {                                                               \
+            ANV_ERROR("cuda: '%s' failed at %s:%d: %s", #stmt, __FILE__, __LINE__,                 \
+                      cudaGetErrorString(ecu_e_));                                                 \
+            return ANV_EINTERNAL;                                                                  \
+        }                                                                                          \
+    } while (0)
+
+#define ECU_BLAS(stmt)                                                                             \
+    do {                                                                                           \
+        cublasStatus_t ecu_s_ = (stmt);                                                            \
+        if (ecu_s_ != CUBLAS_STATUS_SUCCESS) {                                                     \
+            ANV_ERROR("cublas: '%s' failed at %s:%d: status %d", #stmt, __FILE__, __LINE__,        \
+                      (int)ecu_s_);                                                                \
+            return ANV_EINTERNAL;                                                                  \
+        }                                                                                          \
+    } while (0)
+
+/* After a kernel launch: checks the launch itself (not its completion). */
+#define ECU_LAUNCHED() ECU_CHECK(cudaGetLastError())
+
+/* Propagates a negative return code. */
+#define ECU_TRY(expr)                                                                              \
+    do {                                                                                           \
+        int ecu_rc_ = (expr);                                                                      \
+        if (ecu_rc_ < 0)                                                                           \
+            return ecu_rc_;                                                                        \
+    } while (0)
+
+typedef struct {
+    void *ptr;
+    size_t bytes;
+} ecu_buf_t;
+
+/* Roles of uploaded index arrays (one scratch buffer each). */
+enum {
+    ECU_IDX_IDS,
+    ECU_IDX_POS,
+    ECU_IDX_SLOTS,
+    ECU_IDX_ROWS,
+    ECU_IDX_N
+};
+
+/* Attention plan of one batch (see attention.cu): device arrays plus sizes. */
+typedef struct {
+    int n_tiles, n_dec_tiles, n_tok, n_parts, n_seq, max_blocks, q_tile;
+    int4 *tiles;        /* (n_tiles) {seq, tok_begin, n_q, split} device: decode tiles first */
+    int *tok_part;      /* (n_tok) first partial of each token device */
+    int *tok_nsplit;    /* (n_tok) device */
+    int *seq_qstart;    /* (n_seq + 1) device */
+    int *seq_ctx;       /* (n_seq) device */
+    int *block_tables;  /* (n_seq, max_blocks) device */
+} ecu_attn_plan_t;
+
+#define ECU_LT_CACHE 64
+
+typedef struct {
+    int m, n, k, dtype, valid;
+    cublasLtMatmulAlgo_t algo;
+} ecu_lt_algo_t;
+
+typedef struct {
+    int device;
+    int n_sm;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    ecu_buf_t lt_ws;
+    ecu_lt_algo_t lt_cache[ECU_LT_CACHE];
+    int lt_next;
+
+    ecu_buf_t xconv;            /* activations rounded for cuBLASLt */
+    ecu_buf_t idx[ECU_IDX_N];   /* per-op uploads of host index arrays */
+
+    /* prepare(): the host pointers of the step and their device copies */
+    eng_step_t step;
+    int step_valid;
+    ecu_buf_t step_dev;         /* ids | pos | slots | rows (int32) */
+    const int32_t *d_ids, *d_pos, *d_slots, *d_rows;
+    const int32_t *p_qstart, *p_ctx, *p_tables; /* host pointers of the prepared batch */
+    int p_nseq, p_maxblocks;
+
+    /* attention plan (device copy); valid for the prepared batch while plan_prepared */
+    ecu_buf_t plan_dev;
+    ecu_attn_plan_t plan;
+    int plan_prepared;          /* plan belongs to the prepared batch */
+    ecu_buf_t part_o, part_ml;  /* attention partials */
+
+    /* sampling */
+    ecu_buf_t samp_params;      /* device copy of params */
+    ecu_buf_t samp_out;         /* (n) {token, logprob} device */
+    ecu_buf_t samp_host;        /* pinned staging for params and results */
+} ecu_state_t;
+
+/* Local copies of eng_dtype_size / eng_dtype_name, so this library needs only the headers
+   of the engine (which links it). */
+static inline size_t ecu_dtype_size(eng_dtype_t d)
+{
+    return d == ENG_DTYPE_F32 ? 4 : (d == ENG_DTYPE_F16 || d == ENG_DTYPE_BF16) ? 2 : 0;
+}
+static inline const char *ecu_dtype_name(eng_dtype_t d)
+{
+    return d == ENG_DTYPE_F32 ? "F32" : d == ENG_DTYPE_F16 ? "F16" : d == ENG_DTYPE_BF16 ? "BF16" : "?";
+}
+
+static inline ecu_state_t *ecu_st(eng_backend_t *be)
+{
+    return (ecu_state_t *)be->state;
+}
+
+/* Makes buf at least `bytes` long (device memory; contents not kept). */
+int ecu_buf_reserve(ecu_buf_t *buf, size_t bytes);
+/* Same for pinned host memory. */
+int ecu_buf_reserve_host(ecu_buf_t *buf, size_t bytes);
+void ecu_buf_release(ecu_buf_t *buf);
+void ecu_buf_release_host(ecu_buf_t *buf);
+
+/* Device copy of a host index array of n int32: the prepared copy when `host` is the
+   pointer given to prepare() for that role, else an async upload into the role's scratch. */
+int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t **dev);
+
+/* Builds (or reuses, for the prepared batch) the attention plan of `batch`. */
+int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *batch, int n_head, int head_dim,
+                  const ecu_attn_plan_t **plan);
+
+/* The exported ops (one .cu per family), with the signatures of eng_backend_t. */
+extern "C" {
+int ecu_embedding(eng_backend_t *be, float *out, const void *table, eng_dtype_t dtype,
+                  const int32_t *ids, int n_tok, int dim);
+int ecu_rmsnorm(eng_backend_t *be, float *out, const float *x, const void *w, eng_dtype_t dtype,
+                int n, int dim, float eps);
+int ecu_add_rmsnorm(eng_backend_t *be, float *out, float *residual, const float *delta,
+                    const void *w, eng_dtype_t dtype, int n, int dim, float eps);
+int ecu_matmul(eng_backend_t *be, float *out, const float *x, const void *w, const void *bias,
+               eng_dtype_t dtype, int n, int in_dim, int out_dim);
+int ecu_rope(eng_backend_t *be, float *q, float *k, const int32_t *pos, int n_tok, int n_head,
+             int n_kv_head, int head_dim, float theta);
+int ecu_kv_store(eng_backend_t *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                 const int32_t *slots, int n_tok, int n_kv_head, int head_dim);
+int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *qkv, void *k_cache,
+                      void *v_cache, const int32_t *pos, const int32_t *slots, int n_tok,
+                      int n_head, int n_kv_head, int head_dim, float theta);
+int ecu_copy_block(eng_backend_t *be, void *k_cache, void *v_cache, int src, int dst,
+                   int block_size, int n_kv_head, int head_dim);
+int ecu_attention(eng_backend_t *be, float *out, const float *q, const void *k_cache,
+                  const void *v_cache, const eng_attn_batch_t *batch, int n_head, int n_kv_head,
+                  int head_dim, int block_size);
+int ecu_swiglu(eng_backend_t *be, float *out, const float *gate, const float *up, int n, int ffn);
+int ecu_swiglu_fused(eng_backend_t *be, float *out, const float *gu, int n, int ffn);
+int ecu_gather_rows(eng_backend_t *be, float *out, const float *x, const int32_t *rows,
+                    int n_rows, int dim);
+int ecu_log_softmax(eng_backend_t *be, float *out, const float *logits, int n, int vocab);
+int ecu_sample(eng_backend_t *be, int32_t *tokens, float *logprobs, const float *logits, int n,
+               int vocab, const eng_sample_params_t *params);
+}
+
+/* Widening loads of weights (bf16 / f16 / f32 element i). */
+template <typename T> __device__ __forceinline__ float ecu_ld(const T *p, size_t i);
+template <> __device__ __forceinline__ float ecu_ld<float>(const float *p, size_t i)
+{
+    return p[i];
+}
+template <> __device__ __forceinline__ float ecu_ld<__nv_bfloat16>(const __nv_bfloat16 *p,
+                                                                   size_t i)
+{
+    return __bfloat162float(p[i]);
+}
+template <> __device__ __forceinline__ float ecu_ld<__half>(const __half *p, size_t i)
+{
+    return __half2float(p[i]);
+}
+
+template <typename T> __device__ __forceinline__ T ecu_from_f32(float v);
+template <> __device__ __forceinline__ float ecu_from_f32<float>(float v)
+{
+    return v;
+}
+template <> __device__ __forceinline__ __nv_bfloat16 ecu_from_f32<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half ecu_from_f32<__half>(float v)
+{
+    return __float2half_rn(v);
+}
+
+/* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets it. */
+__device__ __forceinline__ float ecu_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float ecu_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float ecu_block_sum(float v, float *red /* (32) shared */)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = ecu_warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    return ecu_warp_sum(v);
+}
+__device__ __forceinline__ float ecu_block_max(float v, float *red /* (32) shared */)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = ecu_warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : -INFINITY;
+    return ecu_warp_max(v);
+}
+
+#endif

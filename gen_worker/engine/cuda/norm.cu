@@ -1,0 +1,73 @@
+/*  norm.cu - RMSNorm and the fused residual add + RMSNorm (HF LlamaRMSNorm, fp32 math).
+
+    One block per row: the sum of squares is a block reduction in fp32 (the CPU sums in
+    double; the difference is far below the tolerances), then each element is
+    w * (x * rsqrt(mean + eps)) in the CPU's order of operations. The fused form writes the
+    updated residual and the normalised row in the same pass, so the residual stream is read
+    once and written once per layer half.
+*/
+#include "eng_cuda_internal.h"
+
+template <typename T, bool ADD>
+static __global__ void s_norm_kernel(float *out /* (n, dim) f32 */,
+                                     float *x /* (n, dim) f32: residual when ADD */,
+                                     const float *delta /* (n, dim) f32 or NULL */,
+                                     const T *w /* (dim) T */, int dim, float eps)
+{
+    __shared__ float red[32];
+    size_t base = (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = x[base + i];
+        if (ADD) {
+            v += delta[base + i];
+            x[base + i] = v;
+        }
+        ss += v * v;
+    }
+    ss = ecu_block_sum(ss, red);
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        out[base + i] = ecu_ld<T>(w, i) * (x[base + i] * inv);
+}
+
+template <bool ADD>
+static int s_norm_launch(cudaStream_t stream, float *out, float *x, const float *delta,
+                         const void *w, eng_dtype_t dtype, int n, int dim, float eps)
+{
+    int threads = dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64;
+    switch (dtype) {
+    case ENG_DTYPE_F32:
+        s_norm_kernel<float, ADD><<<n, threads, 0, stream>>>(out, x, delta, (const float *)w,
+                                                             dim, eps);
+        break;
+    case ENG_DTYPE_BF16:
+        s_norm_kernel<__nv_bfloat16, ADD>
+            <<<n, threads, 0, stream>>>(out, x, delta, (const __nv_bfloat16 *)w, dim, eps);
+        break;
+    case ENG_DTYPE_F16:
+        s_norm_kernel<__half, ADD><<<n, threads, 0, stream>>>(out, x, delta, (const __half *)w,
+                                                              dim, eps);
+        break;
+    default:
+        return -EINVAL;
+    }
+    ECU_LAUNCHED();
+    return 0;
+}
+
+extern "C" int ecu_rmsnorm(eng_backend_t *be, float *out, const float *x, const void *w,
+                           eng_dtype_t dtype, int n, int dim, float eps)
+{
+    if (!out || !x || !w || n <= 0 || dim <= 0)
+        return -EINVAL;
+    return s_norm_launch<false>(ecu_st(be)->stream, out, (float *)x, NULL, w, dtype, n, dim, eps);
+}
+
+extern "C" int ecu_add_rmsnorm(eng_backend_t *be, float *out, float *residual, const float *delta,
+                               const void *w, eng_dtype_t dtype, int n, int dim, float eps)
+{
+    if (!out || !residual || !delta || !w || n <= 0 || dim <= 0)
+        return -EINVAL;
+    return s_norm_launch<true>(ecu_st(be)->stream, out, residual, delta, w, dtype, n, dim, eps);
+}

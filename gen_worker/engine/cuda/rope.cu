@@ -1,0 +1,165 @@
+/*  rope.cu - rotary embedding (HF rotate_half), the paged K/V write, and both fused.
+
+    One block per token. Angles follow the CPU exactly: inv_freq = 1 / powf(theta, 2i / d)
+    (the power taken in double and rounded, as a correctly rounded powf would) and
+    f = pos * inv_freq in fp32, then cosf / sinf (full-precision, not the fast
+    intrinsics: positions reach thousands of radians). The fused rope_kv_store reads one
+    stacked q|k|v row per token, writes the rotated q for attention and stores rotated k and
+    v straight into the paged pools in the KV dtype, so k never makes a round trip.
+*/
+#include "eng_cuda_internal.h"
+
+static __device__ __forceinline__ void s_angle(int pos, int i, int head_dim, float theta,
+                                               float *c, float *s)
+{
+    /* powf rounded as the CPU's correctly rounded powf: the device powf may differ by an
+       ulp, which positions in the thousands turn into 1e-4 of angle */
+    float pw = (float)pow((double)theta, (double)((float)(2 * i) / (float)head_dim));
+    float inv_freq = 1.0f / pw;
+    float f = (float)pos * inv_freq;
+    *c = cosf(f);
+    *s = sinf(f);
+}
+
+static __global__ void s_rope_kernel(float *q /* (n_tok, n_head, hd) f32 */,
+                                     float *k /* (n_tok, n_kv_head, hd) f32 */,
+                                     const int32_t *pos /* (n_tok) device */, int n_head,
+                                     int n_kv_head, int head_dim, float theta)
+{
+    int t = blockIdx.x, half = head_dim / 2, p = pos[t];
+    int n_pairs = (n_head + n_kv_head) * half;
+    for (int idx = threadIdx.x; idx < n_pairs; idx += blockDim.x) {
+        int h = idx / half, i = idx % half;
+        float *x = h < n_head ? q + ((size_t)t * n_head + h) * head_dim
+                              : k + ((size_t)t * n_kv_head + (h - n_head)) * head_dim;
+        float c, s;
+        s_angle(p, i, head_dim, theta, &c, &s);
+        float a = x[i], b = x[i + half];
+        x[i] = a * c - b * s;
+        x[i + half] = b * c + a * s;
+    }
+}
+
+extern "C" int ecu_rope(eng_backend_t *be, float *q, float *k, const int32_t *pos, int n_tok,
+                        int n_head, int n_kv_head, int head_dim, float theta)
+{
+    ecu_state_t *st = ecu_st(be);
+    const int32_t *d_pos;
+    if (!q || !k || !pos || n_tok <= 0 || n_head <= 0 || n_kv_head <= 0 || head_dim < 2 ||
+        head_dim % 2)
+        return -EINVAL;
+    ECU_TRY(ecu_idx(st, ECU_IDX_POS, pos, n_tok, &d_pos));
+    s_rope_kernel<<<n_tok, 256, 0, st->stream>>>(q, k, d_pos, n_head, n_kv_head, head_dim, theta);
+    ECU_LAUNCHED();
+    return 0;
+}
+
+template <typename T>
+static __global__ void s_kv_store_kernel(T *k_cache, T *v_cache /* (n_blocks, bs, n_kv, hd) T */,
+                                         const float *k, const float *v /* (n_tok, n_kv, hd) */,
+                                         const int32_t *slots /* (n_tok) device */, int row)
+{
+    int t = blockIdx.x;
+    size_t dst = (size_t)slots[t] * row, src = (size_t)t * row;
+    for (int i = threadIdx.x; i < row; i += blockDim.x) {
+        k_cache[dst + i] = ecu_from_f32<T>(k[src + i]);
+        v_cache[dst + i] = ecu_from_f32<T>(v[src + i]);
+    }
+}
+
+extern "C" int ecu_kv_store(eng_backend_t *be, void *k_cache, void *v_cache, const float *k,
+                            const float *v, const int32_t *slots, int n_tok, int n_kv_head,
+                            int head_dim)
+{
+    ecu_state_t *st = ecu_st(be);
+    const int32_t *d_slots;
+    if (!k_cache || !v_cache || !k || !v || !slots || n_tok <= 0 || n_kv_head <= 0 ||
+        head_dim <= 0)
+        return -EINVAL;
+    ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, slots, n_tok, &d_slots));
+    int row = n_kv_head * head_dim;
+    if (be->kv_dtype == ENG_DTYPE_BF16)
+        s_kv_store_kernel<<<n_tok, 256, 0, st->stream>>>(
+            (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, k, v, d_slots, row);
+    else
+        s_kv_store_kernel<<<n_tok, 256, 0, st->stream>>>((float *)k_cache, (float *)v_cache, k, v,
+                                                         d_slots, row);
+    ECU_LAUNCHED();
+    return 0;
+}
+
+template <typename T>
+static __global__ void s_rope_store_kernel(float *q_out /* (n_tok, n_head, hd) f32 */,
+                                           const float *qkv /* (n_tok, (nh + 2 nkv) hd) f32 */,
+                                           T *k_cache, T *v_cache /* (n_blocks, bs, nkv, hd) */,
+                                           const int32_t *pos, const int32_t *slots /* device */,
+                                           int n_head, int n_kv_head, int head_dim, float theta)
+{
+    int t = blockIdx.x, half = head_dim / 2, p = pos[t];
+    int kv_row = n_kv_head * head_dim;
+    const float *src = qkv + (size_t)t * (n_head + 2 * n_kv_head) * head_dim;
+    size_t slot = (size_t)slots[t] * kv_row;
+    int n_pairs = (n_head + n_kv_head) * half;
+    for (int idx = threadIdx.x; idx < n_pairs; idx += blockDim.x) {
+        int h = idx / half, i = idx % half;
+        const float *x = src + (size_t)h * head_dim; /* q heads then k heads */
+        float c, s;
+        s_angle(p, i, head_dim, theta, &c, &s);
+        float a = x[i], b = x[i + half];
+        float ra = a * c - b * s, rb = b * c + a * s;
+        if (h < n_head) {
+            float *o = q_out + ((size_t)t * n_head + h) * head_dim;
+            o[i] = ra;
+            o[i + half] = rb;
+        } else {
+            size_t o = slot + (size_t)(h - n_head) * head_dim;
+            k_cache[o + i] = ecu_from_f32<T>(ra);
+            k_cache[o + i + half] = ecu_from_f32<T>(rb);
+        }
+    }
+    const float *v = src + (size_t)(n_head + n_kv_head) * head_dim;
+    for (int i = threadIdx.x; i < kv_row; i += blockDim.x)
+        v_cache[slot + i] = ecu_from_f32<T>(v[i]);
+}
+
+extern "C" int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *qkv, void *k_cache,
+                                 void *v_cache, const int32_t *pos, const int32_t *slots,
+                                 int n_tok, int n_head, int n_kv_head, int head_dim, float theta)
+{
+    ecu_state_t *st = ecu_st(be);
+    const int32_t *d_pos, *d_slots;
+    if (!q_out || !qkv || !k_cache || !v_cache || !pos || !slots || n_tok <= 0 || n_head <= 0 ||
+        n_kv_head <= 0 || head_dim < 2 || head_dim % 2)
+        return -EINVAL;
+    ECU_TRY(ecu_idx(st, ECU_IDX_POS, pos, n_tok, &d_pos));
+    ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, slots, n_tok, &d_slots));
+    if (be->kv_dtype == ENG_DTYPE_BF16)
+        s_rope_store_kernel<<<n_tok, 256, 0, st->stream>>>(
+            q_out, qkv, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, d_pos, d_slots,
+            n_head, n_kv_head, head_dim, theta);
+    else
+        s_rope_store_kernel<<<n_tok, 256, 0, st->stream>>>(q_out, qkv, (float *)k_cache,
+                                                           (float *)v_cache, d_pos, d_slots,
+                                                           n_head, n_kv_head, head_dim, theta);
+    ECU_LAUNCHED();
+    return 0;
+}
+
+extern "C" int ecu_copy_block(eng_backend_t *be, void *k_cache, void *v_cache, int src, int dst,
+                              int block_size, int n_kv_head, int head_dim)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (!k_cache || !v_cache || src < 0 || dst < 0 || block_size <= 0 || n_kv_head <= 0 ||
+        head_dim <= 0)
+        return -EINVAL;
+    if (src == dst)
+        return 0;
+    size_t blk = (size_t)block_size * n_kv_head * head_dim * ecu_dtype_size(be->kv_dtype);
+    ECU_CHECK(cudaMemcpyAsync((char *)k_cache + (size_t)dst * blk,
+                              (char *)k_cache + (size_t)src * blk, blk, cudaMemcpyDeviceToDevice,
+                              st->stream));
+    ECU_CHECK(cudaMemcpyAsync((char *)v_cache + (size_t)dst * blk,
+                              (char *)v_cache + (size_t)src * blk, blk, cudaMemcpyDeviceToDevice,
+                              st->stream));
+    return 0;
+}

@@ -1,0 +1,53 @@
+"""Engine API paths used by the gen worker: weight reload with versions (in-flight requests
+recomputed under the new weights), cancel by request id, explicit per-sample seeds."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from eng_testlib import BUILD
+
+
+@pytest.fixture(scope="module")
+def check_bin():
+    path = os.path.join(BUILD, "tests", "engine", "eng_engine_check")
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"{path} is not built")
+    return path
+
+
+def _run(check_bin, *args):
+    p = subprocess.run([check_bin, *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().split("\n")
+    assert lines[-1] == "ok"
+    return [json.loads(x) for x in lines[:-1]], p.stderr
+
+
+def test_reload_weights(check_bin, models):
+    a, b = models["llama"], models["llama_fp32"]  # same shapes, other weights
+    out, err = _run(check_bin, "reload", a, b)
+    got = {(s["id"], s["index"]): s for s in out}
+    only_b, _ = _run(check_bin, "reload", b, b)
+    ref = {(s["id"], s["index"]): s for s in only_b}
+    assert got[("a", 0)]["version"] == 3
+    assert got[("b", 0)]["version"] == 7 and got[("b", 0)]["first_version"] == 7
+    assert got[("b", 0)]["tokens"] == ref[("b", 0)]["tokens"]
+    assert got[("a", 0)]["tokens"] != got[("b", 0)]["tokens"]
+    # 'mid' had its first tokens under version 3, the rest recomputed and decoded under 7
+    assert got[("mid", 0)]["first_version"] == 3 and got[("mid", 0)]["version"] == 7
+    assert "refused as expected" in err
+
+
+def test_cancel(check_bin, models):
+    out, _ = _run(check_bin, "cancel", models["llama"])
+    fin = {(s["id"], s["index"]): s["finish"] for s in out}
+    assert fin[("keep", 0)] == "length" and fin[("keep", 1)] == "length"
+    assert [f for (i, _), f in fin.items() if i == "drop"] == ["cancelled"] * 2
+    assert sum(1 for s in out if s["id"] == "drop") == 4
+
+
+def test_explicit_seeds(check_bin, models):
+    out, err = _run(check_bin, "seeds", models["llama"])
+    assert len(out) == 3 and "share the seed" in err

@@ -1,0 +1,1 @@
+no code here, just text

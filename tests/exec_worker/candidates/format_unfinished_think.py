@@ -1,0 +1,5 @@
+<think>
+I will write
+```python
+import torch
+```

@@ -1,0 +1,202 @@
+/*  test_exec_units.c - unit tests of the worker-side pure modules: extraction, the reward
+    formula, the tensor record reader (including malformed files) and the comparison with
+    its degenerate-output checks.
+*/
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "exec_compare.h"
+#include "exec_extract.h"
+#include "exec_result.h"
+#include "exec_reward.h"
+#include "exec_tensor.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void t_extract(void **st)
+{
+    char err[128];
+    char *c = exec_extract_code("<think>```python\nbad()\n```</think>\ntext\n```python\nx = 1\n```\n"
+                                "more\n```py\ny = 2\n```\n",
+                                err, sizeof err);
+    assert_non_null(c);
+    assert_string_equal(c, "y = 2\n");
+    free(c);
+    assert_null(exec_extract_code("<think> never ends ```python\nx\n```", err, sizeof err));
+    assert_non_null(strstr(err, "think"));
+    assert_null(exec_extract_code("plain text", err, sizeof err));
+    assert_null(exec_extract_code("```python\n   \n```\n", err, sizeof err));
+    assert_null(exec_extract_code("```python\nx = 1\n", err, sizeof err));
+    assert_non_null(strstr(err, "not closed"));
+    c = exec_extract_code("```cpp\nint x;\n```\n~~~~python\nz = 3\n~~~~\n", err, sizeof err);
+    assert_non_null(c);
+    assert_string_equal(c, "z = 3\n");
+    free(c);
+}
+
+static void t_reward(void **st)
+{
+    exec_reward_vars_t v = {.correct = 1, .speedup = 5, .cap = 3};
+    double r;
+    char err[128];
+    assert_int_equal(exec_reward_eval(EXEC_REWARD_DEFAULT, &v, &r, err, sizeof err), 0);
+    assert_true(fabs(r - 4.0) < 1e-12);
+    v.speedup = 0.5;
+    exec_reward_eval(EXEC_REWARD_DEFAULT, &v, &r, err, sizeof err);
+    assert_true(fabs(r - 1.5) < 1e-12);
+    v.correct = 0;
+    exec_reward_eval(EXEC_REWARD_DEFAULT, &v, &r, err, sizeof err);
+    assert_true(r == 0);
+    v.correct = 1;
+    assert_int_equal(exec_reward_eval("(speedup > 1) * log(speedup + 1) - -2", &v, &r, err,
+                                      sizeof err), 0);
+    assert_true(fabs(r - 2.0) < 1e-12);
+    assert_int_equal(exec_reward_eval("clamp(speedup, 1, 2) / 0", &v, &r, err, sizeof err), 0);
+    assert_true(r == 0); /* inf -> 0 */
+    assert_int_not_equal(exec_reward_eval("correct *", &v, &r, err, sizeof err), 0);
+    assert_int_not_equal(exec_reward_eval("nope + 1", &v, &r, err, sizeof err), 0);
+    assert_int_not_equal(exec_reward_eval("min(1)", &v, &r, err, sizeof err), 0);
+    char deep[400];
+    memset(deep, '(', 300);
+    deep[300] = '\0';
+    assert_int_not_equal(exec_reward_eval(deep, &v, &r, err, sizeof err), 0);
+}
+
+/* writes one record in the harness format */
+static void s_rec(FILE *f, uint32_t dt, const int64_t *shape, uint32_t ndim, const char *key,
+                  const void *data, uint64_t nbytes)
+{
+    uint32_t h[4] = {0x54564E41u, dt, ndim, (uint32_t)strlen(key)};
+    fwrite(h, 4, 4, f);
+    fwrite(&nbytes, 8, 1, f);
+    fwrite(shape, 8, ndim, f);
+    fwrite(key, 1, strlen(key), f);
+    size_t head = 24 + 8 * ndim + strlen(key);
+    static const char zero[8];
+    fwrite(zero, 1, (8 - head % 8) % 8, f);
+    fwrite(data, 1, nbytes, f);
+    fwrite(zero, 1, (8 - nbytes % 8) % 8, f);
+}
+
+static char *s_file(const float *v, int n, const char *key)
+{
+    char *path = strdup("/tmp/anvil-test-tensor-XXXXXX");
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "wb");
+    int64_t shape[1] = {n};
+    s_rec(f, EXEC_DT_F32, shape, 1, key, v, sizeof(float) * (size_t)n);
+    int64_t i = 7;
+    s_rec(f, EXEC_DT_I64, NULL, 0, "meta", &i, 8);
+    fclose(f);
+    return path;
+}
+
+static void t_compare(void **st)
+{
+    exec_tol_t tol;
+    exec_tol_default(&tol);
+    exec_cmp_t cmp;
+    float ref[4] = {0.001f, 0.002f, 0.003f, 0.004f}, same[4] = {0.001f, 0.002f, 0.003f, 0.00401f};
+    float zero[4] = {0, 0, 0, 0}, off[4] = {0.001f, 0.5f, 0.003f, 0.004f};
+    float nan4[4] = {0.001f, NAN, 0.003f, 0.004f};
+    char *r = s_file(ref, 4, "0"), *s = s_file(same, 4, "0"), *z = s_file(zero, 4, "0");
+    char *o = s_file(off, 4, "0"), *k = s_file(ref, 4, "other"), *n = s_file(nan4, 4, "0");
+    assert_int_equal(exec_compare_files(r, s, &tol, &cmp), 0);
+    assert_true(cmp.match);
+    assert_true(cmp.zero_would_pass && cmp.const_would_pass);
+    assert_false(cmp.ref_constant);
+    assert_int_equal(exec_compare_files(r, z, &tol, &cmp), 0);
+    assert_true(cmp.match && cmp.cand_constant); /* zeros pass atol 1e-2: the scorer flags it */
+    assert_int_equal(exec_compare_files(r, o, &tol, &cmp), 0);
+    assert_false(cmp.match);
+    assert_non_null(strstr(cmp.reason, "element 1"));
+    assert_int_equal(exec_compare_files(r, k, &tol, &cmp), 0);
+    assert_false(cmp.match);
+    assert_int_equal(exec_compare_files(r, n, &tol, &cmp), 0);
+    assert_false(cmp.match);
+    assert_true(isinf(cmp.max_abs));
+    /* a truncated candidate file is a mismatch with a reason, not a crash */
+    truncate(o, 30);
+    assert_int_equal(exec_compare_files(r, o, &tol, &cmp), 0);
+    assert_false(cmp.match);
+    assert_non_null(strstr(cmp.reason, "candidate output"));
+    /* a missing reference file means nothing can be scored */
+    assert_int_not_equal(exec_compare_files("/nonexistent/anvil", s, &tol, &cmp), 0);
+    char *all[] = {r, s, z, o, k, n};
+    for (int i = 0; i < 6; i++) {
+        unlink(all[i]);
+        free(all[i]);
+    }
+}
+
+static void t_tensor_malformed(void **st)
+{
+    char path[] = "/tmp/anvil-test-bad-XXXXXX", err[256];
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "wb");
+    int64_t shape[1] = {1000000}; /* claims 4 MB, holds 16 bytes */
+    float v[4] = {1, 2, 3, 4};
+    uint32_t h[4] = {0x54564E41u, EXEC_DT_F32, 1, 1};
+    uint64_t nbytes = 4000000;
+    fwrite(h, 4, 4, f);
+    fwrite(&nbytes, 8, 1, f);
+    fwrite(shape, 8, 1, f);
+    fwrite("k\0\0\0\0\0\0\0", 1, 7, f);
+    fwrite(v, 4, 4, f);
+    fclose(f);
+    assert_null(exec_tensors_open(path, err, sizeof err));
+    assert_non_null(strstr(err, "past the end"));
+    f = fopen(path, "wb");
+    fwrite("garbage!garbage!garbage!garbage!", 1, 32, f);
+    fclose(f);
+    assert_null(exec_tensors_open(path, err, sizeof err));
+    unlink(path);
+}
+
+static void t_result_json_proto(void **st)
+{
+    exec_result_t r;
+    exec_result_init(&r);
+    exec_result_set(&r, EXEC_ST_INCORRECT, "bad\nline %d", 3);
+    exec_result_flag(&r, "x");
+    exec_result_flag(&r, "x");
+    assert_int_equal(r.n_flags, 1);
+    assert_string_equal(r.error, "bad line 3");
+    char *j = exec_result_to_json(&r, false);
+    assert_non_null(strstr(j, "\"status\":\"incorrect\""));
+    assert_non_null(strstr(j, "\"speedup\":null"));
+    free(j);
+    Anvil__ExecResult pb;
+    assert_int_equal(exec_result_to_proto(&r, &pb), 0);
+    assert_int_equal(pb.status, ANVIL__EXEC_STATUS__EXEC_INCORRECT);
+    assert_false(pb.has_speedup);
+    assert_int_equal(pb.n_flags, 1);
+    assert_non_null(pb.result_json);
+    size_t len = anvil__exec_result__get_packed_size(&pb);
+    uint8_t *buf = malloc(len);
+    anvil__exec_result__pack(&pb, buf);
+    Anvil__ExecResult *back = anvil__exec_result__unpack(NULL, len, buf);
+    assert_non_null(back);
+    assert_string_equal(back->error, "bad line 3");
+    anvil__exec_result__free_unpacked(back, NULL);
+    free(buf);
+    exec_result_proto_free(&pb);
+    exec_result_release(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(t_extract),          cmocka_unit_test(t_reward),
+        cmocka_unit_test(t_compare),          cmocka_unit_test(t_tensor_malformed),
+        cmocka_unit_test(t_result_json_proto),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,197 @@
+"""test_exec_worker.py - anvil-exec-worker end to end: known-good, wrong and hostile candidates.
+
+One worker process scores the whole suite (--score-batch), so every hostile candidate is also a
+test that the worker keeps serving: a good candidate scored last must still come out correct.
+Runs on CPU: torch on the CPU and Triton in its interpreter (TRITON_INTERPRET=1, set by the
+worker inside the sandbox). Hostile candidates run twice: with the static checks (the policy
+must reject them) and, where the static checks would stop them, with the checks off, so the
+sandbox itself has to stop them at run time.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+SRC = pathlib.Path(os.environ.get("ANVIL_SOURCE_DIR", HERE.parents[1]))
+BUILD = pathlib.Path(os.environ.get("ANVIL_BUILD_DIR", SRC / "build"))
+SHARED = pathlib.Path(os.environ.get("ANVIL_SHARED_DIR", SRC.parent / "shared"))
+KB = SHARED / "datasets" / "kernelbench" / "level1"
+TB = SHARED / "datasets" / "tritonbench"
+WORKER = BUILD / "exec_worker" / "anvil-exec-worker"
+PYTHON = os.environ.get("ANVIL_PYTHON", sys.executable)
+CAND = HERE / "candidates"
+
+RELU = (KB / "19_ReLU.py", {"batch_size": 4, "dim": 1000})
+SOFTMAX = (KB / "23_Softmax.py", {"batch_size": 4, "dim": 256})
+MATMUL = (KB / "1_Square_matrix_multiplication_.py", {"N": 64})
+TBG_ADD = TB / "TritonBench_G_v1" / "add_example.py"
+TBT_ABS = TB / "TritonBench_T_v1" / "abs.py"
+
+FAST = ["--python", PYTHON, "--min-iters", "3", "--max-iters", "6", "--batch", "3",
+        "--compile-timeout", "20", "--run-timeout", "40", "--pool-size", "1",
+        "--log-level", "warn"]
+
+# (candidate, task, expected statuses, static checks on, extra check)
+SUITE = [
+    ("good_relu", RELU, {"correct"}, True),
+    ("good_matmul", MATMUL, {"correct"}, True),
+    ("good_softmax", SOFTMAX, {"correct"}, True),
+    ("good_tbg_add_gold", ("tritonbench-g", TBG_ADD), {"correct"}, True),
+    ("good_tbt_abs", ("tritonbench-t", TBT_ABS), {"correct"}, True),
+    ("wrong_relu", RELU, {"incorrect"}, True),
+    ("wrong_tbg_add", ("tritonbench-g", TBG_ADD), {"incorrect"}, True),
+    ("format_no_block", RELU, {"format_error"}, True),
+    ("format_unfinished_think", RELU, {"format_error"}, True),
+    ("compile_syntax_error", RELU, {"compile_error"}, True),
+    ("compile_import_error", RELU, {"compile_error"}, True),
+    ("hostile_infinite_loop", RELU, {"timeout"}, True),
+    ("hostile_huge_alloc", RELU, {"runtime_error"}, True),
+    ("hostile_fake_verdict", RELU, {"incorrect"}, True),
+    ("hostile_exit_early", RELU, {"runtime_error"}, True),
+    ("hostile_zero_output", SOFTMAX, {"incorrect"}, True),
+    ("hostile_reuse_freed", RELU, {"incorrect"}, True),
+    ("hostile_mutate_inputs", RELU, {"incorrect"}, True),
+    # the static checks stop these ...
+    ("hostile_fork_bomb", RELU, {"rejected_static"}, True),
+    ("hostile_read_host_file", RELU, {"rejected_static"}, True),
+    ("hostile_socket", RELU, {"rejected_static"}, True),
+    ("hostile_write_outside_tmp", RELU, {"rejected_static"}, True),
+    ("hostile_kill_parent", RELU, {"rejected_static"}, True),
+    ("hostile_os_exit", RELU, {"rejected_static"}, True),
+    ("hostile_side_stream", RELU, {"rejected_static"}, True),
+    ("hostile_patch_timer", RELU, {"rejected_static"}, True),
+    ("hostile_patch_torch_cuda", RELU, {"rejected_static"}, True),
+    ("hostile_try_fallback", RELU, {"rejected_static"}, True),
+    ("hostile_decoy_kernel", RELU, {"rejected_static"}, True),
+    ("hostile_pointer_cache", RELU, {"rejected_static"}, True),
+    # ... and the sandbox and the worker's own checks stop them when the static checks are off
+    ("hostile_fork_bomb", RELU, {"runtime_error", "crashed", "timeout"}, False),
+    ("hostile_read_host_file", RELU, {"runtime_error"}, False),
+    ("hostile_socket", RELU, {"runtime_error"}, False),
+    ("hostile_write_outside_tmp", RELU, {"runtime_error"}, False),
+    ("hostile_kill_parent", RELU, {"runtime_error", "crashed"}, False),
+    ("hostile_os_exit", RELU, {"crashed"}, False),
+    ("hostile_side_stream", RELU, {"runtime_error"}, False),
+    ("hostile_patch_timer", RELU, {"incorrect"}, False),
+    ("hostile_patch_torch_cuda", RELU, {"incorrect"}, False),
+    ("hostile_decoy_kernel", RELU, {"incorrect"}, False),
+    ("hostile_pointer_cache", RELU, {"incorrect"}, False),
+    ("good_relu", RELU, {"correct"}, True),  # still serving
+]
+
+
+def _need():
+    if not WORKER.exists():
+        pytest.skip(f"{WORKER} not built")
+    if not KB.exists() or not TB.exists():
+        pytest.skip(f"datasets not found in {SHARED}")
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    _need()
+    tmp = tmp_path_factory.mktemp("exec_suite")
+    secret = tmp / "secret.txt"
+    secret.write_text("anvil-host-secret\n")
+    outside = tmp / "pwned.txt"
+    lines = []
+    for name, task, _, static in SUITE:
+        text = (CAND / f"{name}.py").read_text()
+        text = text.replace("SECRET_PATH", str(secret)).replace("OUTSIDE_PATH", str(outside))
+        cpath = tmp / f"{name}.{'s' if static else 'd'}.py"
+        cpath.write_text(text)
+        if isinstance(task[0], str):
+            kind, tpath, glob = task[0], task[1], None
+        else:
+            kind, tpath, glob = "kernelbench", task[0], task[1]
+        line = {"kind": kind, "task": str(tpath), "candidate": str(cpath), "static_checks": static}
+        if glob:
+            line["globals"] = glob
+        lines.append(json.dumps(line))
+    batch = tmp / "suite.jsonl"
+    batch.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([str(WORKER), "--score-batch", str(batch), *FAST], capture_output=True,
+                          text=True, timeout=900)
+    results = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    return {"proc": proc, "results": results, "outside": outside, "secret": secret}
+
+
+def test_suite_ran_to_the_end(suite):
+    proc = suite["proc"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(suite["results"]) == len(SUITE), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("i", range(len(SUITE)),
+                         ids=[f"{n}-{'static' if s else 'dynamic'}" for n, _, _, s in SUITE])
+def test_verdict(suite, i):
+    name, _, want, _ = SUITE[i]
+    if i >= len(suite["results"]):
+        pytest.fail("no result (worker stopped early): " + suite["proc"].stderr[-2000:])
+    r = suite["results"][i]
+    assert r["status"] in want, f"{name}: {r['status']}: {r['error']}\n{r.get('traceback_tail')}"
+    if r["status"] == "correct":
+        assert r["reward"] >= 1.0 and r["launches"] >= 1 and r["speedup"] > 0
+        assert r["ref_ms"] > 0 and r["cand_ms"] > 0
+        assert r["env"]["torch"] and r["env"]["triton"] and r["env"]["device"] == "cpu"
+    else:
+        assert r["reward"] == 0
+
+
+def test_flags_and_reasons(suite):
+    by = {}
+    for (name, _, _, static), r in zip(SUITE, suite["results"]):
+        by[(name, static)] = r
+    assert "zero_output_would_pass" in by[("good_softmax", True)]["flags"]
+    zero = by[("hostile_zero_output", True)]
+    assert "constant" in zero["error"] or "differs" in zero["error"]
+    assert "modified its inputs" in by[("hostile_mutate_inputs", True)]["error"]
+    assert "tampered" in by[("hostile_patch_timer", False)]["flags"]
+    assert "no Triton kernel" in by[("hostile_decoy_kernel", False)]["error"]
+    assert any("try/except" in e for e in by[("hostile_try_fallback", True)]["static_errors"])
+    assert "budget" in by[("hostile_infinite_loop", True)]["error"]
+    assert by[("hostile_fake_verdict", True)]["status"] == "incorrect"
+
+
+def test_no_host_side_effects(suite):
+    assert not suite["outside"].exists(), "a sandboxed candidate wrote outside its sandbox"
+    for r in suite["results"]:
+        assert "anvil-host-secret" not in json.dumps(r)
+
+
+def _once(tmp_path, cand_text, *extra):
+    c = tmp_path / "c.py"
+    c.write_text(cand_text)
+    return subprocess.run([str(WORKER), "--score-once", "--kind", "kernelbench", "--task",
+                           str(RELU[0]), "--task-globals", json.dumps(RELU[1]), "--candidate",
+                           str(c), "--json", *FAST, *extra], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_score_once_exit_status(tmp_path):
+    _need()
+    p = _once(tmp_path, "no code at all")
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["status"] == "format_error" and r["reward"] == 0
+    # a task that cannot be scored (no such file) is the only non-zero exit
+    q = subprocess.run([str(WORKER), "--score-once", "--task", str(tmp_path / "nope.py"),
+                        "--candidate", str(tmp_path / "c.py"), "--json", *FAST],
+                       capture_output=True, text=True, timeout=300)
+    assert q.returncode != 0
+
+
+def test_reward_formula_is_configurable(tmp_path):
+    _need()
+    good = (CAND / "good_relu.py").read_text()
+    p = _once(tmp_path, good, "--reward-formula", "correct * 7")
+    r = json.loads(p.stdout)
+    assert r["status"] == "correct" and r["reward"] == 7
+    bad = subprocess.run([str(WORKER), "--score-once", "--task", "x", "--candidate", "y",
+                          "--reward-formula", "correct *", *FAST], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "reward formula" in bad.stderr
