@@ -82,7 +82,11 @@ def start_exec_worker(cluster, name="exec0"):
     h = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=30)
     if "--broker" not in h.stdout + h.stderr:
         pytest.skip("anvil-exec-worker has no --broker option: it does not serve a broker yet")
-    extra = os.environ.get("ANVIL_TEST_EXEC_ARGS", "--device cpu --python " + PYTHON).split()
+    extra = os.environ.get("ANVIL_TEST_EXEC_ARGS", "--device cpu").split()
+    venv = os.path.realpath(os.path.join(REPO, ".venv"))
+    if "ANVIL_TEST_EXEC_ARGS" not in os.environ and venv != os.path.join(REPO, ".venv"):
+        # a worktree whose .venv is a link: the sandbox sees only the real directory
+        extra += ["--python", os.path.join(venv, "bin", "python"), "--ro-binds", venv]
     p = cluster.spawn(name, "anvil-exec-worker",
                       ["--broker", cluster.worker_ep, "--worker-id", name] + extra)
     cluster.wait_workers(1, "exec")
