@@ -340,7 +340,7 @@ end
 ------------------------------------------------------------------------------------------------
 -- complete now ngroups {job kind count {task sample lease_id payload info}*count}*ngroups
 --   lease_id: set on a unit's last result ('' otherwise): the lease ends with it
---   info: gen "tokens failed(0|1)", exec "correct(0|1) speedup status"
+--   info: gen "tokens failed(0|1|2: aborted, kept)", exec "correct(0|1) speedup status"
 --   -> {duplicates, discarded, invalid, {job done exec_added generated tokens scored correct}*}
 -- Work is grouped per job: one HMGET finds records that exist already (idempotency by
 -- (job, task, sample), also within the batch), one HSET writes the new ones, and one event per
@@ -417,6 +417,9 @@ local function commit_job(j, J, a, now)
                     gerr[#gerr + 1] = f
                     gerr[#gerr + 1] = tok or '0'
                     add_ev('sample', 'error', '1', f)
+                elseif failed == '2' then
+                    J.term = J.term + 1 -- aborted, kept for the client to resume (not scored)
+                    add_ev('sample', 'aborted', '1', f)
                 elseif J.score then
                     J.xq[#J.xq + 1] = f
                     add_ev('sample', '', '0', f)

@@ -921,13 +921,15 @@ void broker_clients_on_weights_loaded(broker_t *b, broker_worker_t *w, Anvil__We
     broker_weights_t *u = &b->weights;
     if (wl->version == w->weight_version || (wl->has_ok && wl->ok))
         w->weight_version = wl->version;
-    if (!u->active || wl->version != u->version || !zhashx_lookup(u->waiting, w->id))
+    /* a worker that failed to load reports the version it still runs, not the requested one */
+    bool failed = wl->has_ok && !wl->ok;
+    if (!u->active || (!failed && wl->version != u->version) || !zhashx_lookup(u->waiting, w->id))
         return;
     zhashx_delete(u->waiting, w->id);
     if (wl->has_ok && !wl->ok) {
         char msg[256];
         snprintf(msg, sizeof msg, "worker '%s' cannot load weights v%llu: %s", w->id,
-                 (unsigned long long)wl->version, wl->error ? wl->error : "");
+                 (unsigned long long)u->version, wl->error ? wl->error : "");
         s_weights_finish(b, ANV_EFORMAT, msg);
         return;
     }

@@ -339,6 +339,9 @@ static int s_send_unit(broker_t *b, broker_worker_t *w, broker_job_t *job, const
             gu.has_max_weight_lag = 1;
             gu.max_weight_lag = spec->max_weight_lag;
         }
+        /* a client resuming an aborted sample: the worker continues from these tokens */
+        gu.n_resume_token_ids = task->n_resume_token_ids;
+        gu.resume_token_ids = task->resume_token_ids;
         env.body_case = ANVIL__ENVELOPE__BODY_GEN_UNIT;
         env.gen_unit = &gu;
         *n_samples = n;
@@ -610,8 +613,12 @@ void broker_on_gen_result(broker_t *b, broker_worker_t *w, Anvil__GenResult *r)
         return;
     }
     Anvil__Sample *sm = r->sample;
-    if (sm->finish_reason == ANVIL__FINISH_REASON__FINISH_CANCELLED ||
-        sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ABORTED) {
+    const broker_job_t *jb = zhashx_lookup(b->jobs, job);
+    /* a job with keep_aborted records aborted samples (tokens so far) for the client to resume */
+    bool keep = sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ABORTED && jb && jb->spec &&
+                jb->spec->has_keep_aborted && jb->spec->keep_aborted;
+    if (!keep && (sm->finish_reason == ANVIL__FINISH_REASON__FINISH_CANCELLED ||
+                  sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ABORTED)) {
         /* not a result: the unit goes back to the queue when it ends */
         b->m.results_discarded++;
         if (s_lease_progress(b, r->lease_id, r->has_last && r->last)) {
@@ -647,8 +654,9 @@ void broker_on_gen_result(broker_t *b, broker_worker_t *w, Anvil__GenResult *r)
     p->task = t;
     p->sample = sm->sample_index;
     snprintf(p->lease_id, sizeof p->lease_id, "%s", r->lease_id);
+    /* second field: 0 generated, 1 failed, 2 aborted and kept (final, not scored) */
     snprintf(p->info, sizeof p->info, "%zu %d", sm->n_token_ids,
-             sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ERROR ? 1 : 0);
+             sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ERROR ? 1 : keep ? 2 : 0);
     p->last = s_lease_progress(b, r->lease_id, r->has_last && r->last);
 }
 
