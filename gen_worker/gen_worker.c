@@ -257,10 +257,17 @@ static void s_start_unit(gen_worker_t *w, Anvil__GenUnit *gu)
     u->prompt_ids = malloc(sizeof(int32_t) * (size_t)(ids.n ? ids.n : 1));
     if (u->prompt_ids)
         memcpy(u->prompt_ids, ids.v, sizeof(int32_t) * (size_t)ids.n);
-    /* continuing an aborted sample: its tokens so far extend the prompt */
-    for (size_t i = 0; i < gu->n_resume_token_ids; i++)
-        eng_ids_push(&ids, (int32_t)gu->resume_token_ids[i]);
-    u->n_resume = (int)gu->n_resume_token_ids;
+    /* continuing an aborted sample: its tokens so far extend the prompt (the unit's own list,
+       else the task's, which travels inside the unit as the client submitted it) */
+    size_t n_resume = gu->n_resume_token_ids;
+    const uint32_t *resume = gu->resume_token_ids;
+    if (!n_resume && gu->task && gu->task->n_resume_token_ids) {
+        n_resume = gu->task->n_resume_token_ids;
+        resume = gu->task->resume_token_ids;
+    }
+    for (size_t i = 0; i < n_resume; i++)
+        eng_ids_push(&ids, (int32_t)resume[i]);
+    u->n_resume = (int)n_resume;
 
     const Anvil__SamplingParams *sp = gu->sampling;
     eng_request_t req = {0};

@@ -19,6 +19,7 @@ CudaToCpu, a TorchFunctionMode that maps CUDA devices to the CPU: the CI path, w
 runs in its interpreter.
 """
 import linecache
+import os
 import ast
 import re
 import types
@@ -104,7 +105,11 @@ def _module(name, code, filename, extra=None):
     # Triton's @jit reads its function's source through inspect (the interpreter used on the
     # CPU does not, which is why only the GPU path needs this): register the code under its
     # file name so inspect.getsourcelines() finds it without a file on disk.
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    # Only off the interpreter: under TRITON_INTERPRET=1 a registered source changes how
+    # TritonBench references are re-parsed (their test code runs under the same file name) and
+    # broke add_example; the interpreter does not need it.
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     mod = types.ModuleType(name)
     mod.__file__ = filename
     if extra:
