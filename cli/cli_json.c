@@ -6,6 +6,7 @@
 */
 #include "cli_json.h"
 
+#include <stdio.h>
 #include <string.h>
 
 const char *cli_job_state_name(Anvil__JobState s)
@@ -166,7 +167,13 @@ cJSON *cli_json_sample_result(const Anvil__SampleResult *r, bool with_tokens)
     if (s->has_finish_reason)
         cJSON_AddStringToObject(o, "finish_reason", cli_finish_reason_name(s->finish_reason));
     S_NUM(o, "weight_version", s->has_weight_version, s->weight_version);
-    S_NUM(o, "seed", s->has_seed, s->seed);
+    if (s->has_seed) {
+        /* a u64 seed as an exact JSON integer: a double would round it (2^53) and the sample
+           could no longer be reproduced from its record */
+        char seed[32];
+        snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
+        cJSON_AddRawToObject(o, "seed", seed);
+    }
     S_STR(o, "error", s->error);
     S_STR(o, "worker_id", s->worker_id);
     S_NUM(o, "attempt", s->has_attempt, s->attempt);

@@ -490,8 +490,9 @@ static void s_hand_back_all(gen_worker_t *w, const char *why)
             broker_client_send_unit_failed(w->bc, u->lease_id, why, true);
         s_unit_release(u);
     }
-    while (eng_engine_pop_finished(w->eng)) {
-    }
+    eng_sample_t *es;
+    while ((es = eng_engine_pop_finished(w->eng)))
+        eng_sample_destroy(&es);
     for (int i = 0; i < w->n_backlog; i++) {
         broker_client_send_unit_failed(w->bc, w->backlog[i]->gen_unit->lease_id, why, true);
         anv_msg_free(&w->backlog[i]);

@@ -48,6 +48,7 @@ def test_job_completes_once_per_sample(cluster, tiny_model, tmp_path):
         assert all(lp <= 0.0 and math.isfinite(lp) for lp in r["logprobs"])
         assert r["weight_version"] == 0
         assert r["prompt_tokens"] > 0
+        assert isinstance(r["seed"], int) and 0 <= r["seed"] < 2**64  # exact, not a double
     # the n samples of a group never share a seed
     by_prompt = collections.defaultdict(set)
     for r in res:
