@@ -595,12 +595,19 @@ int eng_engine_cancel(eng_engine_t *self, const char *request_id)
     s_group_t *g = s_find_group(self, request_id, NULL);
     if (!g)
         return ANV_ENOTFOUND;
-    int n = g->n;
-    for (int i = n - 1; i >= 0; i--) { /* the group is freed with its last sample */
-        s_seq_t *s = g->seqs[i];
-        if (s->state != S_DONE)
-            s_finish(self, s, ENG_FINISH_CANCELLED);
-    }
+    /* The group is freed when its last LIVE sample finishes, which need not be seqs[0] (some
+       samples may have finished already): take the live ones first, then finish them, never
+       reading g after the last one (a use-after-free ASan found in the gen worker's cancel). */
+    int n = g->n, k = 0;
+    s_seq_t **live = malloc(sizeof *live * (size_t)(n > 0 ? n : 1));
+    if (!live)
+        return -ENOMEM;
+    for (int i = 0; i < n; i++)
+        if (g->seqs[i]->state != S_DONE)
+            live[k++] = g->seqs[i];
+    for (int i = 0; i < k; i++)
+        s_finish(self, live[i], ENG_FINISH_CANCELLED);
+    free(live);
     return 0;
 }
 
