@@ -461,9 +461,10 @@ status_page)
     j=$(submit --tasks 40 --score --name "page <b>job</b>")
     wait_done "$j" 30
     sleep $(( HB * 2 / 1000 + 1 ))
-    # a running job too: held by a slow worker
-    start_worker page-slow --slots 1 --sleep-ms 60000
-    k=$(submit --tasks 3 --name slow-job)
+    # a running job too: held by a slow worker, the only one of its model (without the model
+    # the fast page-gen could take the units and finish the job before the page is read)
+    start_worker page-slow --slots 1 --sleep-ms 60000 --model slow
+    k=$(submit --tasks 3 --name slow-job --model slow)
     sleep $(( HB * 3 / 1000 + 1 ))
     flags=(--headless --disable-gpu --no-first-run --user-data-dir="$D/chrome" --virtual-time-budget=5000)
     [ "$(id -u)" = 0 ] && flags+=(--no-sandbox) # chromium refuses to run as root with its sandbox
