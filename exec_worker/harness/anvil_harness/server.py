@@ -52,6 +52,7 @@ _event_elapsed = torch.cuda.Event.elapsed_time
 _clone = torch.Tensor.clone
 _equal = torch.equal
 _fill = torch.Tensor.fill_
+_copy = torch.Tensor.copy_
 
 # -- launch counter --------------------------------------------------------------------------
 _launch = {"on": False, "file": None, "count": 0, "names": set()}
@@ -104,9 +105,38 @@ class State:
     runner = None
     device = "cpu"
     flush = None
+    inbuf = None  # the input tensors every trial and timed call writes its values into
 
 
 S = State()
+
+
+def _same_buffers(inputs):
+    """Returns the inputs for one call, written into the previous call's input tensors when
+    they have the same layout, so every trial sees the same addresses with new values: a
+    candidate that caches results by data_ptr() then returns a stale (poisoned) result and is
+    caught every time, not only when the allocator happens to reuse a block."""
+    old = S.inbuf
+    fits = old is not None and len(old) == len(inputs) and all(
+        (isinstance(o, torch.Tensor) and isinstance(n, torch.Tensor) and o.shape == n.shape
+         and o.dtype == n.dtype and o.device == n.device and o.stride() == n.stride())
+        or (not isinstance(o, torch.Tensor) and not isinstance(n, torch.Tensor))
+        for o, n in zip(old, inputs))
+    if not fits:
+        S.inbuf = list(inputs)
+        return S.inbuf
+    out = []
+    with torch.no_grad():
+        for o, n in zip(old, inputs):
+            if isinstance(o, torch.Tensor):
+                _copy(o.detach(), n)
+                if o.requires_grad != n.requires_grad:
+                    o.requires_grad_(n.requires_grad)
+                out.append(o)
+            else:
+                out.append(n)
+    S.inbuf = out
+    return out
 
 
 def _sync():
@@ -159,6 +189,7 @@ def cmd_load(msg):
     _launch["file"] = cand_file
     t0 = _perf_ns()
     S.runner = None
+    S.inbuf = None
     S.runner = tasks.make_runner(msg["kind"], msg["task"], S.device, msg.get("init_seed", 0),
                                  msg.get("globals"), code, cand_file)
     if S.device.startswith("cuda") and S.flush is None:
@@ -183,7 +214,7 @@ def cmd_trials(msg):
     modes = msg.get("modes") or []
     for i, seed in enumerate(msg["seeds"]):
         S.runner.set_train(bool(modes[i]) if i < len(modes) else False)
-        inputs = S.runner.make_inputs(seed)
+        inputs = _same_buffers(S.runner.make_inputs(seed))
         copies = _clone_all(inputs)
         _sync()
         t0 = _perf_ns()
@@ -206,12 +237,12 @@ def cmd_time(msg):
     host, dev = [], []
     cuda = S.device.startswith("cuda")
     for _ in range(msg.get("warmup", 0)):
-        out = S.runner.call(S.runner.make_inputs(msg["seeds"][0]))
+        out = S.runner.call(_same_buffers(S.runner.make_inputs(msg["seeds"][0])))
         _sync()
         del out
     dump_at = msg.get("dump_at", -1)
     for i, seed in enumerate(msg["seeds"]):
-        inputs = S.runner.make_inputs(seed)
+        inputs = _same_buffers(S.runner.make_inputs(seed))
         if cuda and msg.get("flush_l2", True) and S.flush is not None:
             S.flush.zero_()
         _sync()
