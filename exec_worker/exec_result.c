@@ -16,12 +16,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+const char *const exec_phase_names[EXEC_PH_N] = {
+    "ref_start", "static", "ref", "cand_load", "cand_trials", "compare", "timing", "check", "profile"};
+
 void exec_result_init(exec_result_t *r)
 {
     memset(r, 0, sizeof *r);
     r->max_abs_err = r->max_rel_err = r->ref_ms = r->cand_ms = NAN;
     r->ref_host_ms = r->cand_host_ms = r->ref_rel_err = r->cand_rel_err = NAN;
     r->speedup = r->compile_ms = r->load_ms = r->gpu_share = NAN;
+    for (int i = 0; i < EXEC_PH_N; i++)
+        r->phase_ms[i] = NAN;
     r->reward = 0;
 }
 
@@ -152,6 +157,9 @@ char *exec_result_to_json(const exec_result_t *r, bool pretty)
     s_num(timing, "load_ms", r->load_ms);
     s_num(timing, "eval_ms", r->eval_ms);
     s_num(timing, "wait_ms", r->wait_ms);
+    cJSON *phases = cJSON_AddObjectToObject(timing, "phases");
+    for (int i = 0; i < EXEC_PH_N; i++)
+        s_num(phases, exec_phase_names[i], r->phase_ms[i]);
     env = cJSON_AddObjectToObject(o, "env");
     s_str(env, "gpu", r->gpu);
     s_str(env, "driver", r->driver);

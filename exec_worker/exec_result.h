@@ -27,6 +27,23 @@ typedef enum {
     EXEC_ST_CORRECT = ANVIL__EXEC_STATUS__EXEC_CORRECT,
 } exec_status_t;
 
+/* Where an evaluation's wall time went, in order (exec_result_json writes them as
+   timing.phases): the per-candidate overhead beyond the timed work is read from these. */
+typedef enum {
+    EXEC_PH_REF_START,   /* starting the reference interpreter (0 when it is warm) */
+    EXEC_PH_STATIC,      /* static checks in the reference interpreter */
+    EXEC_PH_REF,         /* reference load and its trials + 1 outputs */
+    EXEC_PH_CAND_LOAD,   /* waiting for a warm interpreter and loading the candidate */
+    EXEC_PH_CAND_TRIALS, /* the candidate's correctness trials (first call compiles) */
+    EXEC_PH_COMPARE,     /* comparing the trial outputs */
+    EXEC_PH_TIMING,      /* interleaved timing rounds, their output checks included */
+    EXEC_PH_CHECK,       /* the check after timing */
+    EXEC_PH_PROFILE,     /* GPU-time share from the profiler */
+    EXEC_PH_N
+} exec_phase_t;
+
+extern const char *const exec_phase_names[EXEC_PH_N];
+
 typedef struct {
     exec_status_t status;
     char error[512];          /* one line */
@@ -46,6 +63,7 @@ typedef struct {
     int trials;
     double eval_ms;           /* wall time of the whole evaluation */
     double wait_ms;           /* of which waiting for a warm interpreter */
+    double phase_ms[EXEC_PH_N]; /* NAN for phases the evaluation did not reach */
     char gpu[128], driver[64], torch[64], triton[64], clocks[128], device[16];
     char sandbox[32];         /* bwrap | bwrap-root | rlimit: the isolation that was used */
     char *flags[EXEC_MAX_FLAGS];

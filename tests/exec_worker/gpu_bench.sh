@@ -17,6 +17,10 @@
 # Environment: ANVIL_BUILD_DIR (default <repo>/build), ANVIL_SHARED_DIR (default
 # <repo>/../shared), ANVIL_PYTHON (default python3 on PATH), ANVIL_GPU (default 0).
 # ANVIL_BENCH_DRY=1 runs the same steps on the CPU at toy sizes (checks the script, no figures).
+# Sizes of the run (for short device leases): ANVIL_BENCH_CALIB (calibration rounds, default 3),
+# ANVIL_BENCH_MM (0 leaves out the matmul calibration, default 1), ANVIL_BENCH_WARM (warm
+# evaluations of the fused kernel, default 10, at least 6), ANVIL_BENCH_FRESH (fresh-process
+# runs, default 3).
 set -uo pipefail
 logdir=${1:?usage: gpu_bench.sh LOGDIR}
 mkdir -p "$logdir"
@@ -54,9 +58,12 @@ refcand "$gelu" "$logdir/ref_gelu.py"
 refcand "$mm" "$logdir/ref_mm.py"
 
 : >"$logdir/calib.in.jsonl"
-for i in 1 2 3; do
+calib_tasks=(gelu)
+[ "${ANVIL_BENCH_MM:-1}" = 1 ] && calib_tasks+=(mm)
+for i in $(seq 1 "${ANVIL_BENCH_CALIB:-3}"); do
     echo "{\"task\": \"$gelu\", \"candidate\": \"$logdir/ref_gelu.py\"}" >>"$logdir/calib.in.jsonl"
-    echo "{\"task\": \"$mm\", \"candidate\": \"$logdir/ref_mm.py\"}" >>"$logdir/calib.in.jsonl"
+    [ "${ANVIL_BENCH_MM:-1}" = 1 ] &&
+        echo "{\"task\": \"$mm\", \"candidate\": \"$logdir/ref_mm.py\"}" >>"$logdir/calib.in.jsonl"
 done
 echo "== calibration (reference as its own candidate)"
 "$worker" --score-batch "$logdir/calib.in.jsonl" "${common[@]}" --static-checks=false \
@@ -64,20 +71,22 @@ echo "== calibration (reference as its own candidate)"
 echo "worker exit $?"
 
 : >"$logdir/warm.in.jsonl"
-for i in $(seq 1 10); do
+nwarm=${ANVIL_BENCH_WARM:-10}
+[ "$nwarm" -lt 6 ] && nwarm=6
+for i in $(seq 1 "$nwarm"); do
     echo "{\"task\": \"$gelu\", \"candidate\": \"$here/bench/gelu_fused.py\"}" >>"$logdir/warm.in.jsonl"
 done
-echo "== fused kernel, 10 evaluations in one warm worker"
+echo "== fused kernel, $nwarm evaluations in one warm worker"
 t0=$(date +%s.%N)
 "$worker" --score-batch "$logdir/warm.in.jsonl" "${common[@]}" >"$logdir/warm.jsonl" 2>"$logdir/warm.log"
 echo "worker exit $?"
 t1=$(date +%s.%N)
 echo "$t0 $t1" >"$logdir/warm.wall"
 
-echo "== baseline: a fresh worker process per candidate, 3 times"
+echo "== baseline: a fresh worker process per candidate, ${ANVIL_BENCH_FRESH:-3} times"
 : >"$logdir/fresh.jsonl"
 : >"$logdir/fresh.wall"
-for i in 1 2 3; do
+for i in $(seq 1 "${ANVIL_BENCH_FRESH:-3}"); do
     s=$(date +%s.%N)
     "$worker" --score-once --json --task "$gelu" --candidate "$here/bench/gelu_fused.py" \
         "${common[@]}" >>"$logdir/fresh.jsonl" 2>>"$logdir/fresh.log"
@@ -85,7 +94,7 @@ for i in 1 2 3; do
     echo "$s $e" >>"$logdir/fresh.wall"
 done
 
-"$python" - "$logdir" <<'PY' | tee "$logdir/figures.txt"
+"$python" - "$logdir" "${ANVIL_BENCH_MM:-1}" <<'PY' | tee "$logdir/figures.txt"
 import json, statistics as st, sys, pathlib
 d = pathlib.Path(sys.argv[1])
 load = lambda n: [json.loads(l) for l in (d / n).read_text().splitlines() if l.startswith("{")]
@@ -94,7 +103,10 @@ def work_ms(r):  # the timed work itself: every timed call of both sides
            (r["timing"]["cand_iters"] or 0) * (r["timing"]["cand_host_ms"] or 0)
 calib = load("calib.jsonl")
 print(f"sandbox mode: {calib[0]['env']['sandbox'] if calib else '?'}; gpu {calib[0]['env']['gpu'] if calib else '?'}")
-for name, rows in (("88_MinGPTNewGelu", calib[0::2]), ("1_Square_matrix_multiplication_", calib[1::2])):
+step = 2 if sys.argv[2] == "1" else 1
+names = ("88_MinGPTNewGelu", "1_Square_matrix_multiplication_")[:step]
+for k, name in enumerate(names):
+    rows = calib[k::step]
     sp = [r["speedup"] for r in rows if r["status"] == "correct"]
     bad = [r["status"] + ": " + (r["error"] or "") for r in rows if r["status"] != "correct"]
     ok = sp and all(abs(s - 1) <= 0.05 for s in sp)
@@ -124,6 +136,12 @@ print(f"warm per-candidate overhead beyond timed work: mean {st.mean(ov):.0f} ms
       f"(eval {st.mean(r['timing']['eval_ms'] for r in good[1:] or good):.0f} ms, timed work "
       f"{st.mean(work_ms(r) for r in good[1:] or good):.0f} ms, waiting for a warm interpreter "
       f"{st.mean(r['timing']['wait_ms'] for r in good[1:] or good):.0f} ms)")
+ph = {}
+for r in good[1:] or good:
+    for k, v in r["timing"].get("phases", {}).items():
+        if v is not None:
+            ph.setdefault(k, []).append(v)
+print("warm phases, mean ms: " + ", ".join(f"{k} {st.mean(v):.0f}" for k, v in ph.items()))
 fresh = load("fresh.jsonl")
 walls = [b - a for a, b in (map(float, l.split()) for l in (d / "fresh.wall").read_text().splitlines())]
 fov = [w * 1000 - work_ms(r) for w, r in zip(walls, fresh)]

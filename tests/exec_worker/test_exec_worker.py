@@ -157,6 +157,23 @@ def test_flags_and_reasons(suite):
     assert by[("hostile_fake_verdict", True)]["status"] == "incorrect"
 
 
+def test_phases_account_for_the_evaluation(suite):
+    """timing.phases says where an evaluation's wall time went: every phase a correct CPU
+    evaluation passes through is there, none is negative, and together they stay within the
+    evaluation's wall time; a rejected candidate stops after the static phase."""
+    by = {(name, static): r for (name, _, _, static), r in zip(SUITE, suite["results"])}
+    r = by[("good_relu", True)]
+    ph = r["timing"]["phases"]
+    for name in ("ref_start", "static", "ref", "cand_load", "cand_trials", "compare", "timing",
+                 "check"):
+        assert ph[name] is not None and ph[name] >= 0, (name, ph)
+    assert ph["profile"] is None  # CPU: no profiler pass
+    assert sum(v for v in ph.values() if v) <= r["timing"]["eval_ms"] + 1
+    assert ph["timing"] > 0 and ph["cand_trials"] > 0
+    rej = by[("hostile_try_fallback", True)]["timing"]["phases"]
+    assert rej["static"] is not None and rej["ref"] is None and rej["timing"] is None
+
+
 def test_no_host_side_effects(suite):
     assert not suite["outside"].exists(), "a sandboxed candidate wrote outside its sandbox"
     for r in suite["results"]:
