@@ -4,6 +4,9 @@
       eng_engine_check reload DIR_A DIR_B   greedy on A, load B as version 7, greedy again
       eng_engine_check cancel DIR           cancel one of two requests mid-flight
       eng_engine_check seeds DIR            duplicate explicit seeds refused, distinct accepted
+      eng_engine_check cancel_late DIR      cancel a group after one of its samples finished
+                                            (a regression: cancel read the group its last live
+                                            sample freed; run it under ASan to see it)
 
     Prints one JSON line per finished sample ({"id", "index", "tokens", "finish", "version"})
     and "ok" as the last line; the pytest side checks the lines. Exit 0 or 1.
@@ -108,6 +111,71 @@ int main(int argc, char **argv)
         eng_engine_stats_t st;
         eng_engine_stats(e, &st);
         if (st.free_blocks != st.total_blocks) /* every block came back */
+            goto out;
+    } else if (strcmp(argv[1], "cancel_late") == 0) {
+        /* seeded samples are the same whatever the batch: run a sampled group of two once,
+           pick a token only sample 0 produces, and rerun with it as a stop id, so sample 0
+           ends early and deterministically while sample 1 is still decoding */
+        enum { LEN = 48 };
+        uint64_t seeds[2] = {11, 12};
+        eng_request_t r = s_greedy("probe", LEN);
+        r.sampling.temperature = 1.0f;
+        r.seeds = seeds;
+        eng_sample_t *got[2] = {NULL, NULL}, *x;
+        if (eng_engine_submit(e, &r, err, sizeof(err)))
+            goto out;
+        while (!eng_engine_idle(e)) {
+            if (eng_engine_step(e) < 0)
+                goto out;
+            while ((x = eng_engine_pop_finished(e)))
+                got[x->index & 1] = x;
+        }
+        int32_t stop = -1;
+        int at = -1;
+        for (int i = 2; got[0] && got[1] && i < got[0]->n_tokens && stop < 0; i++) {
+            bool seen = false;
+            for (int j = 0; j < got[1]->n_tokens && !seen; j++)
+                seen = got[1]->tokens[j] == got[0]->tokens[i];
+            for (int j = 0; j < i && !seen; j++)
+                seen = got[0]->tokens[j] == got[0]->tokens[i];
+            if (!seen) {
+                stop = got[0]->tokens[i];
+                at = i;
+            }
+        }
+        eng_sample_destroy(&got[0]);
+        eng_sample_destroy(&got[1]);
+        if (stop < 0) {
+            snprintf(err, sizeof err, "no token of sample 0 is absent from sample 1");
+            goto out;
+        }
+        fprintf(stderr, "sample 0 stops at token %d (id %d)\n", at, stop);
+        r.request_id = "late";
+        r.stop_ids = &stop;
+        r.n_stop_ids = 1;
+        if (eng_engine_submit(e, &r, err, sizeof(err)))
+            goto out;
+        bool first_done = false;
+        for (int steps = 0; !first_done && steps < 4 * LEN; steps++) {
+            if (eng_engine_step(e) < 0)
+                goto out;
+            while ((x = eng_engine_pop_finished(e))) {
+                printf("{\"id\":\"%s\",\"index\":%d,\"finish\":\"%s\",\"n\":%d}\n",
+                       x->request_id, x->index, eng_finish_name(x->finish), x->n_tokens);
+                first_done = first_done || (x->index == 0 && x->finish == ENG_FINISH_EOS);
+                n++;
+                eng_sample_destroy(&x);
+            }
+        }
+        if (!first_done || n != 1) {
+            snprintf(err, sizeof err, "sample 0 did not end alone (%d finished)", n);
+            goto out;
+        }
+        if (eng_engine_cancel(e, "late") || s_run(e, &n))
+            goto out;
+        eng_engine_stats_t st;
+        eng_engine_stats(e, &st);
+        if (n != 2 || st.free_blocks != st.total_blocks)
             goto out;
     } else if (strcmp(argv[1], "seeds") == 0) {
         uint64_t dup[3] = {9, 4, 9}, ok[3] = {9, 4, 10};

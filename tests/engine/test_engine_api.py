@@ -48,6 +48,15 @@ def test_cancel(check_bin, models):
     assert sum(1 for s in out if s["id"] == "drop") == 4
 
 
+def test_cancel_after_a_sample_finished(check_bin, models):
+    """Regression: eng_engine_cancel read the group that its last live sample had freed when
+    another sample of the group had already finished (ASan in the gen worker found it)."""
+    out, err = _run(check_bin, "cancel_late", models["llama"])
+    assert "sample 0 stops at token" in err
+    fin = {(s["id"], s["index"]): s["finish"] for s in out}
+    assert fin == {("late", 0): "eos", ("late", 1): "cancelled"}
+
+
 def test_explicit_seeds(check_bin, models):
     out, err = _run(check_bin, "seeds", models["llama"])
     assert len(out) == 3 and "share the seed" in err
