@@ -67,49 +67,67 @@ static bool s_close(double c, double r, double atol, double rtol)
     return fabs(c - r) <= atol + rtol * fabs(r);
 }
 
+enum { S_BLOCK = 4096 }; /* scalars converted to double per block */
+
 static void s_float_leaf(const exec_leaf_t *r, const exec_leaf_t *c, const exec_tol_t *tol,
                          exec_cmp_t *out, bool *ref_const, bool *cand_const)
 {
     uint64_t n = r->numel * (uint64_t)exec_dtype_lanes(r->dtype);
     double atol = tol->atol[r->dtype], rtol = tol->rtol[r->dtype], sum = 0;
+    double rb[S_BLOCK], cb[S_BLOCK];
     uint64_t finite = 0;
-    for (uint64_t j = 0; j < n; j++) {
-        double v = exec_leaf_get(r, j);
-        if (isfinite(v)) {
-            sum += v;
-            finite++;
-        }
+    for (uint64_t j0 = 0; j0 < n; j0 += S_BLOCK) {
+        uint64_t k = n - j0 < S_BLOCK ? n - j0 : S_BLOCK;
+        exec_leaf_read(r, j0, k, rb);
+        for (uint64_t i = 0; i < k; i++)
+            if (isfinite(rb[i])) {
+                sum += rb[i];
+                finite++;
+            }
     }
     double mean = finite ? sum / (double)finite : 0;
     double r0 = n ? exec_leaf_get(r, 0) : 0, c0 = n ? exec_leaf_get(c, 0) : 0;
     bool rc = true, cc = true, zero = true, cst = true;
+    double max_abs = out->max_abs, max_rel = out->max_rel;
     uint64_t first_bad = UINT64_MAX;
-    for (uint64_t j = 0; j < n; j++) {
-        double rv = exec_leaf_get(r, j), cv = exec_leaf_get(c, j);
-        if (rv != r0 && !(isnan(rv) && isnan(r0)))
-            rc = false;
-        if (cv != c0 && !(isnan(cv) && isnan(c0)))
-            cc = false;
-        if (zero && !s_close(0.0, rv, atol, rtol))
-            zero = false;
-        if (cst && !s_close(mean, rv, atol, rtol))
-            cst = false;
-        if (isfinite(rv) && isfinite(cv)) {
-            double d = fabs(cv - rv);
-            double rel = d / fmax(fabs(rv), 1e-12);
-            if (d > out->max_abs)
-                out->max_abs = d;
-            if (rel > out->max_rel)
-                out->max_rel = rel;
-        } else if (!isnan(rv) && isnan(cv)) {
-            out->max_abs = out->max_rel = INFINITY;
-        }
-        if (!s_close(cv, rv, atol, rtol)) {
-            if (first_bad == UINT64_MAX)
-                first_bad = j;
-            out->bad++;
+    for (uint64_t j0 = 0; j0 < n; j0 += S_BLOCK) {
+        uint64_t k = n - j0 < S_BLOCK ? n - j0 : S_BLOCK;
+        exec_leaf_read(r, j0, k, rb);
+        exec_leaf_read(c, j0, k, cb);
+        for (uint64_t i = 0; i < k; i++) {
+            double rv = rb[i], cv = cb[i];
+            if (rc && rv != r0 && !(isnan(rv) && isnan(r0)))
+                rc = false;
+            if (cc && cv != c0 && !(isnan(cv) && isnan(c0)))
+                cc = false;
+            bool close;
+            if (isfinite(rv) && isfinite(cv)) { /* the common case, without calls */
+                double ar = fabs(rv), d = fabs(cv - rv), lim = atol + rtol * ar;
+                double den = ar > 1e-12 ? ar : 1e-12;
+                max_abs = d > max_abs ? d : max_abs;
+                if (d > max_rel * den) /* divide only when the relative error grows */
+                    max_rel = d / den;
+                close = d <= lim;
+                zero = zero && ar <= lim;
+                cst = cst && fabs(mean - rv) <= lim;
+            } else {
+                if (!isnan(rv) && isnan(cv))
+                    max_abs = max_rel = INFINITY;
+                close = s_close(cv, rv, atol, rtol);
+                zero = zero && s_close(0.0, rv, atol, rtol);
+                cst = cst && s_close(mean, rv, atol, rtol);
+            }
+            if (!close) {
+                if (first_bad == UINT64_MAX)
+                    first_bad = j0 + i;
+                out->bad++;
+            }
         }
     }
+    if (max_abs > out->max_abs)
+        out->max_abs = max_abs;
+    if (max_rel > out->max_rel)
+        out->max_rel = max_rel;
     out->compared += n;
     if (n > 1) {
         *ref_const = *ref_const && rc;

@@ -290,3 +290,37 @@ double exec_leaf_get(const exec_leaf_t *l, uint64_t j)
         return NAN;
     }
 }
+
+void exec_leaf_read(const exec_leaf_t *l, uint64_t j0, uint64_t n, double *dst)
+{
+    const uint8_t *p = l->data;
+    switch (l->dtype) {
+    case EXEC_DT_F32:
+    case EXEC_DT_C64:
+    case EXEC_DT_F8E4M3:
+    case EXEC_DT_F8E5M2:
+        for (uint64_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, p + 4 * (j0 + i), 4);
+            dst[i] = f;
+        }
+        return;
+    case EXEC_DT_F64:
+    case EXEC_DT_C128:
+        memcpy(dst, p + 8 * j0, 8 * n);
+        return;
+    case EXEC_DT_BF16:
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * (j0 + i), 2);
+            uint32_t u = (uint32_t)h << 16;
+            float f;
+            memcpy(&f, &u, 4);
+            dst[i] = f;
+        }
+        return;
+    default:
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = exec_leaf_get(l, j0 + i);
+    }
+}

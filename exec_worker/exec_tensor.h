@@ -62,5 +62,8 @@ bool exec_dtype_is_float(uint32_t dtype);
 const char *exec_dtype_name(uint32_t dtype);
 /* Stored scalar j (0 <= j < numel * lanes) of a numeric leaf as a double. */
 double exec_leaf_get(const exec_leaf_t *leaf, uint64_t j);
+/* Stored scalars j0 .. j0 + n - 1 as doubles into dst: exec_leaf_get over a block, with the
+   dtype dispatched once (the comparison of large outputs runs through this). */
+void exec_leaf_read(const exec_leaf_t *leaf, uint64_t j0, uint64_t n, double *dst);
 
 #endif
