@@ -6,9 +6,11 @@
     worker must handle. The thread decodes what the broker sends (for liveness and lease
     bookkeeping) and forwards the original bytes. Results wait in a local queue while the
     DEALER is gone or its pipe is full; nothing is dropped. The held-lease table and the
-    heartbeat counters are shared under the same mutex.
+    heartbeat counters are shared under the same mutex. With CURVE keys, every DEALER the
+    thread makes (again after each reconnect) is a CURVE client of the broker's public key.
 */
 #include "broker_client.h"
+#include "anv_curve.h"
 #include "anv_error.h"
 #include "anv_log.h"
 #include "anv_msg.h"
@@ -25,6 +27,7 @@ struct broker_client_t {
     char *endpoint, *worker_id, *hostname, *gpu_name, *model;
     char **caps;
     size_t n_caps;
+    anv_curve_t *curve;       /* own keys and the broker's public key; NULL = plaintext */
     Anvil__WorkerKind kind;
     int32_t gpu_index;
     uint64_t weight_version, kv_tokens, incarnation;
@@ -141,6 +144,8 @@ static void s_connect(broker_client_t *c, s_conn_t *k)
         k->reconnect_at_ms = anv_now_ms() + k->backoff_ms;
         return;
     }
+    if (c->curve)
+        anv_curve_client(c->curve, k->dealer);
     zsock_set_linger(k->dealer, 0);
     zsock_set_sndhwm(k->dealer, 100000);
     zsock_set_rcvhwm(k->dealer, 100000);
@@ -391,6 +396,16 @@ broker_client_t *broker_client_new(const broker_client_config_t *cfg)
         ANV_ERROR("worker id '%.40s...' is longer than 127 characters", c->worker_id);
         goto fail;
     }
+    char err[512];
+    if (anv_curve_client_config(cfg->curve_secret, cfg->curve_server, &c->curve, err,
+                                sizeof err) != 0) {
+        ANV_ERROR("%s", err);
+        goto fail;
+    }
+    if (!c->curve && !anv_curve_endpoint_local(c->endpoint))
+        ANV_WARN("connecting to '%s' without CURVE keys: traffic to the broker is plaintext "
+                 "(give --curve-secret and --curve-server)",
+                 c->endpoint);
     if (cfg->n_capabilities) {
         c->caps = calloc(cfg->n_capabilities, sizeof *c->caps);
         if (!c->caps)
@@ -454,6 +469,7 @@ void broker_client_destroy(broker_client_t **self_p)
     free(c->hostname);
     free(c->gpu_name);
     free(c->model);
+    anv_curve_destroy(&c->curve);
     pthread_mutex_destroy(&c->lock);
     free(c);
     *self_p = NULL;
