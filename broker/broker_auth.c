@@ -83,7 +83,7 @@ static zhashx_t *s_read_dir(const char *path, bool loud)
             continue; /* subdirectories are not searched */
         if (anv_curve_read_public(file, pub, err, sizeof err) != 0) {
             if (loud)
-                ANV_WARN("curve allow-list: ignoring %s", err);
+                ANV_WARN("curve allow-list: skipped, %s", err);
             continue;
         }
         const char *other = zhashx_lookup(h, pub);

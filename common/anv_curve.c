@@ -12,6 +12,7 @@
 #include "anv_log.h"
 
 #include <arpa/inet.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,8 +194,11 @@ int anv_curve_read_public(const char *file, char *pub, char *err, size_t errlen)
 
 zsock_t *anv_curve_monitor_new(zsock_t *sock)
 {
+    /* a fresh name each time: a closed socket's monitor endpoint may linger a moment */
+    static atomic_uint_fast64_t seq;
     char ep[64];
-    snprintf(ep, sizeof ep, "inproc://anv-curve-monitor-%p", (void *)sock);
+    snprintf(ep, sizeof ep, "inproc://anv-curve-monitor-%llu",
+             (unsigned long long)atomic_fetch_add(&seq, 1));
     int events = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
     if (zmq_socket_monitor(zsock_resolve(sock), ep, events) != 0)

@@ -60,6 +60,8 @@ static void s_free_str(void **p)
 
 typedef struct {
     zsock_t *dealer;
+    zsock_t *monitor;         /* the dealer's handshakes (CURVE only) */
+    bool told_handshake;      /* a handshake failure was logged for this dealer */
     zlistx_t *queue;          /* zframe_t * waiting to go to the broker */
     int64_t last_rx_ms, next_hb_ms, reconnect_at_ms, last_ready_ms;
     int64_t backoff_ms;
@@ -144,13 +146,17 @@ static void s_connect(broker_client_t *c, s_conn_t *k)
         k->reconnect_at_ms = anv_now_ms() + k->backoff_ms;
         return;
     }
-    if (c->curve)
+    if (c->curve) {
         anv_curve_client(c->curve, k->dealer);
+        k->monitor = anv_curve_monitor_new(k->dealer);
+        k->told_handshake = false;
+    }
     zsock_set_linger(k->dealer, 0);
     zsock_set_sndhwm(k->dealer, 100000);
     zsock_set_rcvhwm(k->dealer, 100000);
     if (zsock_connect(k->dealer, "%s", c->endpoint) < 0) {
         ANV_ERROR("cannot connect to broker '%s': %s", c->endpoint, zmq_strerror(errno));
+        zsock_destroy(&k->monitor);
         zsock_destroy(&k->dealer);
         k->reconnect_at_ms = anv_now_ms() + k->backoff_ms;
         return;
@@ -285,6 +291,23 @@ static void s_destroy_frame(void **item)
     zframe_destroy((zframe_t **)item);
 }
 
+/* A refused key looks like a silent broker; say what it is, once per dealer. */
+static void s_check_handshake(broker_client_t *c, s_conn_t *k)
+{
+    int h = anv_curve_monitor_read(k->monitor);
+    if (!h || k->told_handshake)
+        return;
+    k->told_handshake = true;
+    if (h == ANV_EAUTH)
+        ANV_ERROR("the broker at '%s' refused this worker's CURVE key '%s': its public key "
+                  "file must be in the broker's --curve-allow directory",
+                  c->endpoint, anv_curve_public_txt(c->curve));
+    else
+        ANV_ERROR("the CURVE handshake with the broker at '%s' failed: is --curve-server the "
+                  "broker's public key, and does the broker run with --curve-secret?",
+                  c->endpoint);
+}
+
 static void *s_thread(void *arg)
 {
     broker_client_t *c = arg;
@@ -316,6 +339,8 @@ static void *s_thread(void *arg)
         if (k.dealer && rc > 0 && (items[1].revents & ZMQ_POLLIN))
             s_from_broker(c, &k);
         s_flush(c, &k);
+        if (k.monitor)
+            s_check_handshake(c, &k);
         now = anv_now_ms();
         if (k.dealer && now >= k.next_hb_ms) {
             s_send_heartbeat(c, &k);
@@ -324,6 +349,7 @@ static void *s_thread(void *arg)
         if (k.dealer && now - k.last_rx_ms > (int64_t)c->hb_ms * c->misses) {
             ANV_WARN("broker '%s' silent for %lld ms: reconnecting in %lld ms", c->endpoint,
                      (long long)(now - k.last_rx_ms), (long long)k.backoff_ms);
+            zsock_destroy(&k.monitor);
             zsock_destroy(&k.dealer);
             pthread_mutex_lock(&c->lock);
             c->connected = false;
@@ -351,6 +377,7 @@ static void *s_thread(void *arg)
         env.disconnect = &d;
         s_send_env(c, &k, &env);
         zsock_set_linger(k.dealer, 500); /* let the goodbye leave */
+        zsock_destroy(&k.monitor);
         zsock_destroy(&k.dealer);
     }
     zlistx_destroy(&k.queue);
