@@ -609,6 +609,9 @@ static void s_print_up(const s_cluster_t *cl, bool json, bool already)
             snprintf(where, sizeof where, "gpu %d", p->gpu);
         printf("  %-12s pid %-7d %s\n               log %s\n", p->role, p->pid, where, p->log);
     }
+    if (cl->curve_secret[0])
+        printf("curve: on, keys in %s/keys (remote workers: worker.key_secret and broker.key)\n",
+               cl->data);
     printf("use it: anvil submit FILE.jsonl --wait   (ANVIL_BROKER=%s)\nstop it: anvil down%s%s\n",
            cl->client_ep, " --data ", cl->data);
 }
