@@ -6,12 +6,16 @@
     periodic work (heartbeats, dead workers, lease renewal and expiry, parked watches,
     counters to anv:broker:metrics). Both sockets use ZMQ_ROUTER_MANDATORY and non-blocking
     sends (anv_msg_send), so an unroutable or full peer is an error the caller handles.
+    With keys, both are CURVE servers (ZAP domains "client" and "worker") and the ZAP handler
+    (broker_auth) is started before either binds, so no handshake is ever unauthenticated.
     While Redis is unreachable, results stay queued and no unit is leased; the loop keeps
     serving heartbeats so workers stay registered.
 */
+#include "anv_curve.h"
 #include "anv_error.h"
 #include "anv_log.h"
 #include "anv_time.h"
+#include "broker_auth.h"
 #include "broker_http.h"
 #include "broker_internal.h"
 
@@ -23,11 +27,13 @@
 
 static void s_observe(broker_t *b, int64_t now_ms);
 
-static zsock_t *s_router(const char *endpoint, const char *what)
+static zsock_t *s_router(const char *endpoint, const char *what, const anv_curve_t *curve)
 {
     zsock_t *s = zsock_new(ZMQ_ROUTER);
     if (!s)
         return NULL;
+    if (curve)
+        anv_curve_server(curve, s, what); /* the ZAP domain names the socket in refusals */
     zsock_set_router_mandatory(s, 1);
     zsock_set_sndhwm(s, 200000);
     zsock_set_rcvhwm(s, 200000);
@@ -37,8 +43,55 @@ static zsock_t *s_router(const char *endpoint, const char *what)
         zsock_destroy(&s);
         return NULL;
     }
-    ANV_INFO("%s socket bound to '%s'", what, endpoint);
+    ANV_INFO("%s socket bound to '%s'%s", what, endpoint, curve ? " (curve)" : "");
     return s;
+}
+
+/* Keys and the ZAP handler, or the refusal of plaintext beyond loopback. Runs before anything
+   else in broker_new so that a bad key file fails at once, not after waiting for Redis. */
+static int s_security(broker_t *b, const broker_config_t *cfg)
+{
+    bool keys = cfg->curve_secret && *cfg->curve_secret;
+    bool allow = cfg->curve_allow && *cfg->curve_allow;
+    if (!keys) {
+        if (allow) {
+            ANV_ERROR("--curve-allow needs --curve-secret (the broker's own key pair)");
+            return ANV_ECONFIG;
+        }
+        const char *eps[2] = {cfg->client_endpoint, cfg->worker_endpoint};
+        for (int i = 0; i < 2; i++) {
+            if (anv_curve_endpoint_local(eps[i]))
+                continue;
+            if (!cfg->insecure) {
+                ANV_ERROR("refusing to bind '%s' without CURVE keys: it is reachable from other "
+                          "hosts. Give --curve-secret and --curve-allow (keys from `anvil keys "
+                          "gen`), bind a loopback address, or pass --insecure to serve "
+                          "plaintext anyway",
+                          eps[i]);
+                return ANV_ECONFIG;
+            }
+            ANV_WARN("--insecure: '%s' serves plaintext without authentication to other hosts",
+                     eps[i]);
+        }
+        return 0;
+    }
+    if (!allow) {
+        ANV_ERROR("--curve-secret needs --curve-allow DIR (the public keys of the clients and "
+                  "workers let in)");
+        return ANV_ECONFIG;
+    }
+    char err[512];
+    b->curve = anv_curve_new(cfg->curve_secret, NULL, err, sizeof err);
+    if (!b->curve) {
+        ANV_ERROR("--curve-secret: %s", err);
+        return ANV_ECONFIG;
+    }
+    b->auth = broker_auth_new(cfg->curve_allow);
+    if (!b->auth)
+        return ANV_ECONFIG;
+    ANV_INFO("curve on: broker public key '%s', allow-list '%s'", anv_curve_public_txt(b->curve),
+             cfg->curve_allow);
+    return 0;
 }
 
 static void s_destroy_worker(void **item)
@@ -59,6 +112,7 @@ broker_t *broker_new(const broker_config_t *cfg)
         return NULL;
     b->cfg = *cfg;
     b->cfg.metrics_endpoint = NULL; /* only needed in broker_new */
+    b->cfg.curve_secret = b->cfg.curve_allow = NULL;
     b->client_endpoint = strdup(cfg->client_endpoint);
     b->worker_endpoint = strdup(cfg->worker_endpoint);
     b->redis_url = strdup(cfg->redis_url);
@@ -73,6 +127,8 @@ broker_t *broker_new(const broker_config_t *cfg)
     b->args = broker_args_new();
     if (!b->client_endpoint || !b->worker_endpoint || !b->redis_url || !b->by_ident || !b->by_id ||
         !b->leases || !b->watches || !b->args)
+        goto fail;
+    if (s_security(b, cfg) != 0)
         goto fail;
     zhashx_set_destructor(b->by_ident, s_destroy_worker);
     zhashx_set_destructor(b->leases, s_destroy_lease);
@@ -98,8 +154,8 @@ broker_t *broker_new(const broker_config_t *cfg)
         ANV_ERROR("cannot restore state from redis: %s", broker_store_errstr(b->store));
         goto fail;
     }
-    b->workers_sock = s_router(cfg->worker_endpoint, "worker");
-    b->clients = s_router(cfg->client_endpoint, "client");
+    b->workers_sock = s_router(cfg->worker_endpoint, "worker", b->curve);
+    b->clients = s_router(cfg->client_endpoint, "client", b->curve);
     if (!b->workers_sock || !b->clients)
         goto fail;
     if (cfg->metrics_endpoint && cfg->metrics_endpoint[0]) {
@@ -141,6 +197,8 @@ void broker_destroy(broker_t **self_p)
     broker_http_destroy(&b->http); /* stops its thread before the state goes */
     zsock_destroy(&b->clients);
     zsock_destroy(&b->workers_sock);
+    broker_auth_destroy(&b->auth); /* after the sockets it guards */
+    anv_curve_destroy(&b->curve);
     free(b->client_endpoint);
     free(b->worker_endpoint);
     free(b->redis_url);

@@ -7,6 +7,9 @@
     script call per dispatch round), sends them, and once per heartbeat interval sends
     heartbeats, detects dead workers, renews leases, expires stale ones and publishes counters
     (to Redis, and to the HTTP endpoint's snapshot when --metrics-endpoint is set).
+    With curve_secret set, both ROUTERs are CURVE servers and broker_auth admits only the
+    public keys in curve_allow; without keys only loopback endpoints may be bound, unless
+    `insecure` says plaintext across hosts is meant.
     One thread owns the object. See broker/README.md for the protocol and the Redis keys.
 */
 #ifndef BROKER_H
@@ -31,10 +34,15 @@ typedef struct {
     int64_t max_msg;              /* largest accepted message in bytes */
     const char *metrics_endpoint; /* HOST:PORT of the HTTP endpoint (metrics, status); NULL or
                                      "" = none */
+    const char *curve_secret;     /* own zcert secret file: both ROUTERs are CURVE servers;
+                                     NULL or "" = plaintext */
+    const char *curve_allow;      /* directory of the allowed peers' public keys (ZAP) */
+    bool insecure;                /* allow plaintext on a non-loopback endpoint */
 } broker_config_t;
 
-/* Returns NULL (logged) when a socket cannot be bound, Redis refuses strict durability, or
-   memory runs out. An unreachable Redis is not fatal: the broker retries it. */
+/* Returns NULL (logged) when a socket cannot be bound, the CURVE keys or allow-list do not
+   load, an endpoint is not loopback while there are no keys and `insecure` is off, Redis
+   refuses strict durability, or memory runs out. An unreachable Redis is not fatal: the broker retries it. */
 broker_t *broker_new(const broker_config_t *cfg);
 void broker_destroy(broker_t **self_p);
 /* Runs until SIGINT/SIGTERM (zsys_interrupted). Returns 0. */

@@ -150,6 +150,8 @@ struct broker_t {
     anv_msg_stats_t st_clients, st_workers;
     int64_t started_ms;
     struct broker_http_t *http; /* NULL unless --metrics-endpoint */
+    struct anv_curve_t *curve;  /* own keys; NULL = plaintext */
+    struct broker_auth_t *auth; /* the ZAP handler; NULL = plaintext */
     struct {
         int64_t at_ms;          /* when the counters below were taken */
         uint64_t tokens, evals, results;

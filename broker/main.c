@@ -15,8 +15,8 @@
 int main(int argc, char **argv)
 {
     char *client_ep = NULL, *worker_ep = NULL, *redis_url = NULL, *durability = NULL;
-    char *log_level = NULL, *metrics_ep = NULL;
-    bool log_json = false;
+    char *log_level = NULL, *metrics_ep = NULL, *curve_secret = NULL, *curve_allow = NULL;
+    bool log_json = false, insecure = false;
     int64_t lease_ms, max_attempts, hb_ms, hb_misses, batch, redis_timeout, max_msg;
     const anv_cfg_opt_t opts[] = {
         {"client-endpoint", ANV_CFG_STR, "tcp://127.0.0.1:5555", 0, -1,
@@ -45,6 +45,14 @@ int main(int argc, char **argv)
         {"metrics-endpoint", ANV_CFG_STR, "", 0, -1,
          "HOST:PORT for /metrics (Prometheus), /api/status and the status page; empty = off",
          &metrics_ep, false},
+        {"curve-secret", ANV_CFG_STR, "", 0, -1,
+         "the broker's zcert secret key file (anvil keys gen): CURVE on both sockets",
+         &curve_secret, false},
+        {"curve-allow", ANV_CFG_STR, "", 0, -1,
+         "directory of the public key files (NAME.key) of the clients and workers let in",
+         &curve_allow, false},
+        {"insecure", ANV_CFG_BOOL, "false", 0, -1,
+         "serve plaintext on a non-loopback endpoint when no keys are given", &insecure, false},
         {"log-level", ANV_CFG_STR, "info", 0, -1, "error|warn|info|debug|trace", &log_level,
          false},
         {"log-json", ANV_CFG_BOOL, "false", 0, -1, "JSON log lines", &log_json, false},
@@ -91,6 +99,9 @@ int main(int argc, char **argv)
         .batch = batch,
         .max_msg = max_msg,
         .metrics_endpoint = metrics_ep,
+        .curve_secret = curve_secret,
+        .curve_allow = curve_allow,
+        .insecure = insecure,
     };
     b = broker_new(&cfg);
     if (!b)

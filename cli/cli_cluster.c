@@ -13,6 +13,8 @@
     period. DIR/run/lock (flock) keeps two `up`/`down` from racing on one directory.
     Servers are configured through ANVIL_<NAME> environment variables (anv_config), which a
     binary ignores when it has no such option, rather than flags it might reject.
+    `up --curve` makes the broker/client/worker key set in DIR/keys once (cli_keys.h), runs
+    every socket with CURVE and records the client keys in cluster.json for `anvil` commands.
 */
 #include "anv_error.h"
 #include "anv_msg.h"
@@ -20,6 +22,7 @@
 #include "cli_client.h"
 #include "cli_cmd.h"
 #include "cli_json.h"
+#include "cli_keys.h"
 #include "cli_proc.h"
 #include "cli_util.h"
 
@@ -54,6 +57,7 @@ typedef struct {
     s_proc_t procs[S_MAX_PROCS];
     size_t n;
     int64_t started_ms;
+    char curve_secret[PATH_MAX], curve_server[PATH_MAX]; /* client keys; "" = plaintext */
 } s_cluster_t;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -74,6 +78,11 @@ static cJSON *s_state_json(const s_cluster_t *cl)
     cJSON_AddStringToObject(o, "redis_url", cl->redis_url);
     cJSON_AddStringToObject(o, "model", cl->model);
     cJSON_AddNumberToObject(o, "started_ms", (double)cl->started_ms);
+    if (cl->curve_secret[0]) {
+        /* what `anvil` commands use to reach this cluster (cli_util.c) */
+        cJSON_AddStringToObject(o, "curve_secret", cl->curve_secret);
+        cJSON_AddStringToObject(o, "curve_server", cl->curve_server);
+    }
     cJSON *a = cJSON_AddArrayToObject(o, "processes");
     for (size_t i = 0; a && i < cl->n; i++) {
         cJSON *p = cJSON_CreateObject();
@@ -139,6 +148,8 @@ static int s_state_read(const char *data, s_cluster_t *cl)
     s_copy(cl->worker_ep, sizeof cl->worker_ep, o, "worker_endpoint");
     s_copy(cl->redis_url, sizeof cl->redis_url, o, "redis_url");
     s_copy(cl->model, sizeof cl->model, o, "model");
+    s_copy(cl->curve_secret, sizeof cl->curve_secret, o, "curve_secret");
+    s_copy(cl->curve_server, sizeof cl->curve_server, o, "curve_server");
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "started_ms");
     cl->started_ms = cJSON_IsNumber(st) ? (int64_t)st->valuedouble : 0;
     for (const cJSON *p = procs->child; p && cl->n < S_MAX_PROCS; p = p->next) {
@@ -268,7 +279,7 @@ typedef struct {
     char *make_model;
     int64_t redis_port;
     double wait, grace;
-    bool workers;
+    bool workers, curve, insecure;
 } s_up_opts_t;
 
 static bool s_redis_ping(int port)
@@ -368,12 +379,15 @@ static int s_start_redis(s_cluster_t *cl, const s_up_opts_t *o, const char *bin)
 }
 
 /* Waits until the broker answers WORKERS; fills *reply when asked. */
-static int s_workers(const char *endpoint, int timeout_ms, Anvil__Envelope **reply)
+static int s_workers(const s_cluster_t *cl, int timeout_ms, Anvil__Envelope **reply)
 {
-    char err[256];
-    cli_client_t *c = cli_client_new(endpoint, err, sizeof err);
-    if (!c)
+    char err[512];
+    cli_client_t *c = cli_client_new(cl->client_ep, cl->curve_secret, cl->curve_server, err,
+                                     sizeof err);
+    if (!c) {
+        cli_errorf("up", "%s", err);
         return ANV_ECONFIG;
+    }
     Anvil__Envelope req;
     Anvil__WorkersRequest wr;
     anv_msg_init(&req);
@@ -420,7 +434,7 @@ static int s_wait_registered(const s_cluster_t *cl, double wait_s)
         if (s_check_dead(cl))
             return ANV_ESTATE;
         Anvil__Envelope *rep = NULL;
-        int rc = s_workers(cl->client_ep, 1000, &rep);
+        int rc = s_workers(cl, 1000, &rep);
         if (rc == 0) {
             const Anvil__WorkersReply *r = rep->workers_reply;
             int gen = 0, exec = 0, ok = 0;
@@ -595,6 +609,9 @@ static void s_print_up(const s_cluster_t *cl, bool json, bool already)
             snprintf(where, sizeof where, "gpu %d", p->gpu);
         printf("  %-12s pid %-7d %s\n               log %s\n", p->role, p->pid, where, p->log);
     }
+    if (cl->curve_secret[0])
+        printf("curve: on, keys in %s/keys (remote workers: worker.key_secret and broker.key)\n",
+               cl->data);
     printf("use it: anvil submit FILE.jsonl --wait   (ANVIL_BROKER=%s)\nstop it: anvil down%s%s\n",
            cl->client_ep, " --data ", cl->data);
 }
@@ -637,8 +654,15 @@ int cli_cmd_up(int argc, char **argv)
         {"workers", ANV_CFG_BOOL, "true", 0, -1,
          "start workers (--no-workers: Redis and the broker only, workers join from elsewhere)",
          &o.workers, false},
+        {"curve", ANV_CFG_BOOL, "false", 0, -1,
+         "CURVE on every socket: keys made once in DIR/keys (anvil keys gen), used by the "
+         "broker, the workers and `anvil` commands",
+         &o.curve, false},
+        {"insecure", ANV_CFG_BOOL, "false", 0, -1,
+         "let the broker serve plaintext on non-loopback endpoints (without --curve)",
+         &o.insecure, false},
     };
-    size_t n = 13;
+    size_t n = 15;
     cli_common_opts(&c, opts, &n);
     anv_cfg_rest_t rest;
     int code, lock = -1;
@@ -727,6 +751,28 @@ int cli_cmd_up(int argc, char **argv)
     if (o.workers && s_model(&o, n_gpus, &cl))
         goto out;
 
+    /* keys: made once, kept across restarts so that remote workers holding them still fit.
+       Without --curve the keys variables are set empty, so that a client key exported in
+       this shell does not end up as the broker's. */
+    char e_bsecret[PATH_MAX + 32] = "ANVIL_CURVE_SECRET=", e_allow[PATH_MAX + 32] =
+                                                               "ANVIL_CURVE_ALLOW=";
+    char e_wsecret[PATH_MAX + 32] = "ANVIL_CURVE_SECRET=", e_server[PATH_MAX + 32] =
+                                                               "ANVIL_CURVE_SERVER=";
+    if (o.curve) {
+        char keys[sizeof cl.data + 8];
+        snprintf(keys, sizeof keys, "%.1023s/keys", cl.data);
+        if (cli_keys_make_set(keys, false, true, err, sizeof err)) {
+            cli_errorf(info.name, "%s", err);
+            goto out;
+        }
+        snprintf(e_bsecret, sizeof e_bsecret, "ANVIL_CURVE_SECRET=%s/broker.key_secret", keys);
+        snprintf(e_allow, sizeof e_allow, "ANVIL_CURVE_ALLOW=%s/allow", keys);
+        snprintf(e_wsecret, sizeof e_wsecret, "ANVIL_CURVE_SECRET=%s/worker.key_secret", keys);
+        snprintf(e_server, sizeof e_server, "ANVIL_CURVE_SERVER=%s/broker.key", keys);
+        snprintf(cl.curve_secret, sizeof cl.curve_secret, "%s/client.key_secret", keys);
+        snprintf(cl.curve_server, sizeof cl.curve_server, "%s/broker.key", keys);
+    }
+
     /* start: redis, broker, workers */
     if (s_start_redis(&cl, &o, bins[0]))
         goto fail;
@@ -734,7 +780,8 @@ int cli_cmd_up(int argc, char **argv)
     snprintf(e_redis, sizeof e_redis, "ANVIL_REDIS_URL=%s", cl.redis_url);
     snprintf(e_client, sizeof e_client, "ANVIL_CLIENT_ENDPOINT=%s", cl.client_ep);
     snprintf(e_worker, sizeof e_worker, "ANVIL_WORKER_ENDPOINT=%s", cl.worker_ep);
-    const char *benv[] = {e_redis, e_client, e_worker, NULL};
+    const char *benv[] = {e_redis, e_client, e_worker, e_bsecret, e_allow,
+                          o.insecure ? "ANVIL_INSECURE=true" : "ANVIL_INSECURE=false", NULL};
     char *bargv[] = {bins[1], NULL};
     if (s_add_proc(&cl, "broker", -1, bins[1], bargv, benv))
         goto fail;
@@ -756,9 +803,10 @@ int cli_cmd_up(int argc, char **argv)
                when there is one) */
             const char *dev = gpu >= 0 ? "ANVIL_DEVICE=cuda" : "ANVIL_DEVICE=cpu";
             const char *backend = gpu >= 0 ? "ANVIL_BACKEND=cuda" : "ANVIL_BACKEND=cpu";
-            const char *genv[] = {e_broker, e_model, e_gpu, backend, NULL};
+            const char *genv[] = {e_broker, e_model, e_gpu, backend, e_wsecret, e_server, NULL};
             const char *xenv[] = {e_broker, dev, e_python[0] ? e_python : "ANVIL_NOP=1",
-                                  gpu >= 0 ? e_gpu : "TRITON_INTERPRET=1", NULL};
+                                  gpu >= 0 ? e_gpu : "TRITON_INTERPRET=1", e_wsecret, e_server,
+                                  NULL};
             char *wargv[] = {bins[2 + k], NULL};
             if (s_add_proc(&cl, k == 0 ? "gen-worker" : "exec-worker", gpu, bins[2 + k], wargv,
                            k == 0 ? genv : xenv))

@@ -17,5 +17,6 @@ int cli_cmd_import(int argc, char **argv);
 int cli_cmd_up(int argc, char **argv);      /* cli_cluster.c */
 int cli_cmd_down(int argc, char **argv);
 int cli_cmd_demo(int argc, char **argv);    /* cli_demo.c */
+int cli_cmd_keys(int argc, char **argv);    /* cli_keys.c */
 
 #endif

@@ -91,7 +91,7 @@ int cli_cmd_status(int argc, char **argv)
     sr.limit = (uint32_t)limit;
     req.body_case = ANVIL__ENVELOPE__BODY_STATUS;
     req.status = &sr;
-    code = cli_rpc(info.name, c.broker, c.timeout, &req, ANVIL__ENVELOPE__BODY_STATUS_REPLY, &rep);
+    code = cli_rpc(info.name, &c, &req, ANVIL__ENVELOPE__BODY_STATUS_REPLY, &rep);
     if (code)
         goto out;
     const Anvil__StatusReply *r = rep->status_reply;
@@ -160,7 +160,7 @@ static int s_job_cmd(const cli_cmd_info_t *info, int argc, char **argv, bool ret
         req.body_case = ANVIL__ENVELOPE__BODY_CANCEL;
         req.cancel = &cr;
     }
-    code = cli_rpc(info->name, c.broker, c.timeout, &req,
+    code = cli_rpc(info->name, &c, &req,
                    retry ? ANVIL__ENVELOPE__BODY_RETRY_REPLY : ANVIL__ENVELOPE__BODY_CANCEL_REPLY,
                    &rep);
     if (code == CLI_EXIT_NOTFOUND || code)
@@ -229,7 +229,7 @@ int cli_cmd_workers(int argc, char **argv)
     anvil__workers_request__init(&wr);
     req.body_case = ANVIL__ENVELOPE__BODY_WORKERS;
     req.workers = &wr;
-    code = cli_rpc(info.name, c.broker, c.timeout, &req, ANVIL__ENVELOPE__BODY_WORKERS_REPLY,
+    code = cli_rpc(info.name, &c, &req, ANVIL__ENVELOPE__BODY_WORKERS_REPLY,
                    &rep);
     if (code)
         goto out;

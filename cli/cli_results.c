@@ -122,7 +122,7 @@ int cli_cmd_results(int argc, char **argv)
     FILE *fo = to_file ? out.f : stdout;
     FILE *fe = errs.f ? errs.f : fo;
     char err[512];
-    if (!(cl = cli_client_new(c.broker, err, sizeof err))) {
+    if (!(cl = cli_client_open(&c, err, sizeof err))) {
         cli_errorf(info.name, "%s", err);
         code = CLI_EXIT_USAGE;
         goto out;

@@ -308,7 +308,7 @@ int cli_cmd_submit(int argc, char **argv)
         code = CLI_EXIT_INPUT;
         goto out;
     }
-    if (!(s.client = cli_client_new(c.broker, err, sizeof err))) {
+    if (!(s.client = cli_client_open(&c, err, sizeof err))) {
         cli_errorf(info.name, "%s", err);
         code = CLI_EXIT_USAGE;
         goto out;

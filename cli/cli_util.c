@@ -2,7 +2,9 @@
 
     The broker endpoint is resolved once per command: --broker / ANVIL_BROKER when given, else
     the client endpoint recorded by `anvil up` in the data directory (so that commands reach the
-    local cluster whatever ports it got), else CLI_DEFAULT_BROKER.
+    local cluster whatever ports it got), else CLI_DEFAULT_BROKER. The CURVE keys likewise:
+    --curve-secret / --curve-server (or ANVIL_CURVE_SECRET / ANVIL_CURVE_SERVER) when given,
+    else the client keys `anvil up --curve` recorded, when the broker is that cluster's.
 */
 #include "cli_util.h"
 
@@ -24,6 +26,11 @@ void cli_common_opts(cli_common_t *c, anv_cfg_opt_t *opts, size_t *n)
         {"broker", ANV_CFG_STR, NULL, 0, -1,
          "broker client endpoint (default: the local cluster's, else " CLI_DEFAULT_BROKER ")",
          &c->broker, false},
+        {"curve-secret", ANV_CFG_STR, NULL, 0, -1,
+         "own CURVE secret key file (default: the local cluster's when it runs CURVE)",
+         &c->curve_secret, false},
+        {"curve-server", ANV_CFG_STR, NULL, 0, -1, "the broker's CURVE public key file",
+         &c->curve_server, false},
         {"data", ANV_CFG_STR, NULL, 0, -1,
          "local cluster directory (default ~/.local/share/anvil)", &c->data, false},
         {"timeout", ANV_CFG_DOUBLE, "10", 0.1, 3600, "seconds to wait for a broker reply",
@@ -107,8 +114,8 @@ int cli_mkdir_p(const char *path)
     return 0;
 }
 
-/* The client endpoint `anvil up` recorded in DIR/run/cluster.json, or NULL. */
-static char *s_cluster_endpoint(const char *data)
+/* A string `anvil up` recorded in DIR/run/cluster.json ("client_endpoint", ...), or NULL. */
+static char *s_cluster_field(const char *data, const char *key)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/run/cluster.json", data);
@@ -120,7 +127,7 @@ static char *s_cluster_endpoint(const char *data)
     fclose(f);
     buf[n] = 0;
     cJSON *o = cJSON_Parse(buf);
-    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(o, "client_endpoint");
+    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(o, key);
     char *r = cJSON_IsString(ep) ? strdup(ep->valuestring) : NULL;
     cJSON_Delete(o);
     return r;
@@ -151,11 +158,20 @@ void cli_load(const cli_cmd_info_t *info, const anv_cfg_opt_t *opts, size_t n, i
     char *data = cli_data_dir(c->data);
     free(c->data);
     c->data = data;
+    char *cluster_ep = data ? s_cluster_field(data, "client_endpoint") : NULL;
     if (!c->broker || !*c->broker) {
-        char *ep = data ? s_cluster_endpoint(data) : NULL;
         free(c->broker);
-        c->broker = ep ? ep : strdup(CLI_DEFAULT_BROKER);
+        c->broker = cluster_ep ? strdup(cluster_ep) : strdup(CLI_DEFAULT_BROKER);
     }
+    /* no keys given: the local cluster's, when that is the broker we talk to */
+    if ((!c->curve_secret || !*c->curve_secret) && (!c->curve_server || !*c->curve_server) &&
+        cluster_ep && c->broker && !strcmp(cluster_ep, c->broker)) {
+        free(c->curve_secret);
+        free(c->curve_server);
+        c->curve_secret = s_cluster_field(data, "curve_secret");
+        c->curve_server = s_cluster_field(data, "curve_server");
+    }
+    free(cluster_ep);
     if (!c->data || !c->broker) {
         cli_errorf(info->name, "out of memory");
         *exit_now = CLI_EXIT_FAILED;

@@ -34,8 +34,10 @@
 #define CLI_DEFAULT_BROKER "tcp://127.0.0.1:5555"
 #define CLI_MAX_OPTS 48
 
-typedef struct {
+typedef struct cli_common_t {
     char *broker;   /* client endpoint; "" = the local cluster's, else CLI_DEFAULT_BROKER */
+    char *curve_secret; /* own secret key file; "" = the local cluster's when it runs CURVE */
+    char *curve_server; /* the broker's public key file; likewise */
     char *data;     /* local cluster directory; "" = ~/.local/share/anvil */
     double timeout; /* seconds to wait for one broker reply */
     bool json;
@@ -48,7 +50,8 @@ typedef struct {
     const char *summary;  /* one paragraph */
 } cli_cmd_info_t;
 
-/* Appends the common options (broker, data, timeout, json, log-level) to opts at *n. */
+/* Appends the common options (broker, curve-secret, curve-server, data, timeout, json,
+   log-level) to opts at *n. */
 void cli_common_opts(cli_common_t *c, anv_cfg_opt_t *opts, size_t *n);
 /* Loads a subcommand's table from argv (argv[0] = the subcommand name). On --help prints the
    help and returns 0 with *exit_now = CLI_EXIT_OK; on a bad option prints the reason and sets

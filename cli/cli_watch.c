@@ -95,7 +95,7 @@ static uint64_t s_fingerprint(const Anvil__JobStatus *s)
 int cli_watch_job(const char *cmd, const cli_common_t *c, const char *job_id, double interval)
 {
     char err[512], offset[128] = "0";
-    cli_client_t *cl = cli_client_new(c->broker, err, sizeof err);
+    cli_client_t *cl = cli_client_open(c, err, sizeof err);
     if (!cl) {
         cli_errorf(cmd, "%s", err);
         return CLI_EXIT_USAGE;

@@ -28,6 +28,7 @@ static const s_cmd_t s_cmds[] = {
     {"up", cli_cmd_up, "start a local cluster (redis, broker, workers)"},
     {"down", cli_cmd_down, "stop the local cluster"},
     {"demo", cli_cmd_demo, "up + KernelBench level 1 + submit + watch + summary"},
+    {"keys", cli_cmd_keys, "make CURVE key pairs (anvil keys gen --out DIR --all)"},
 };
 
 static void s_usage(FILE *out)

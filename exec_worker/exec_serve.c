@@ -149,6 +149,8 @@ int exec_serve_run(exec_scorer_t *sc, const exec_serve_cfg_t *cfg, const exec_sp
         .slots = 1,
         .capabilities = caps,
         .n_capabilities = 4,
+        .curve_secret = cfg->curve_secret,
+        .curve_server = cfg->curve_server,
     };
     broker_client_t *bc = broker_client_new(&bcfg);
     if (!bc)

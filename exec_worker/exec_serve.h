@@ -24,6 +24,8 @@ typedef struct {
     int gpu_index;            /* -1 = CPU */
     const char *device;       /* cpu | cuda */
     const char *ready_file;   /* written once the broker answers; NULL or "" = none */
+    const char *curve_secret; /* own zcert secret file; NULL or "" = no CURVE */
+    const char *curve_server; /* the broker's public key file */
 } exec_serve_cfg_t;
 
 /* Serves until *stop becomes non-zero. `base` is the worker's default spec; a unit's

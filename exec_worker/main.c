@@ -39,7 +39,8 @@ typedef struct {
     bool score_once, json, pretty, log_json, static_checks, flush_l2, interpret;
     char *score_batch, *kind, *task, *candidate, *device, *globals, *log_level;
     char *sandbox_mode, *bwrap, *launcher, *python, *harness_dir, *work_dir, *ro_binds;
-    char *reward_formula, *allow_ops, *broker, *worker_id, *ready_file;
+    char *reward_formula, *allow_ops, *broker, *worker_id, *ready_file, *curve_secret;
+    char *curve_server;
     int64_t gpu, threads, mem_mb, cpu_s, nofile, nproc, fsize_mb, uid_base, pool_size,
         ready_timeout, trials, warmup, min_iters, max_iters, batch, compile_timeout,
         run_timeout;
@@ -104,6 +105,8 @@ static const anv_cfg_opt_t s_opts[] = {
     S_OPT("broker", ANV_CFG_STR, "tcp://127.0.0.1:5556", 0, -1, "broker worker endpoint (serving mode)", &C.broker),
     S_OPT("worker-id", ANV_CFG_STR, "", 0, -1, "stable worker id (default host-exec-pid)", &C.worker_id),
     S_OPT("ready-file", ANV_CFG_STR, "", 0, -1, "file written once registered with the broker", &C.ready_file),
+    S_OPT("curve-secret", ANV_CFG_STR, "", 0, -1, "own zcert secret key file (CURVE, serving mode)", &C.curve_secret),
+    S_OPT("curve-server", ANV_CFG_STR, "", 0, -1, "the broker's public key file (CURVE, serving mode)", &C.curve_server),
     S_OPT("log-level", ANV_CFG_STR, "info", 0, -1, "error|warn|info|debug|trace", &C.log_level),
     S_OPT("log-json", ANV_CFG_BOOL, "false", 0, -1, "JSON log lines", &C.log_json),
 };
@@ -322,7 +325,9 @@ int main(int argc, char **argv)
             bool cuda = strcmp(C.device, "cuda") == 0;
             exec_serve_cfg_t scfg = {.broker = C.broker, .worker_id = C.worker_id,
                                      .gpu_index = cuda ? (int)C.gpu : -1, .device = C.device,
-                                     .ready_file = C.ready_file};
+                                     .ready_file = C.ready_file,
+                                     .curve_secret = C.curve_secret,
+                                     .curve_server = C.curve_server};
             rc = exec_serve_run(sc, &scfg, &spec, &s_stop) != 0;
         }
         exec_scorer_destroy(&sc);

@@ -618,6 +618,8 @@ gen_worker_t *gen_worker_new(const gen_worker_config_t *cfg)
         .kv_tokens = (uint64_t)st.total_blocks * (uint64_t)st.block_size,
         .capabilities = caps,
         .n_capabilities = sizeof caps / sizeof *caps,
+        .curve_secret = cfg->curve_secret,
+        .curve_server = cfg->curve_server,
     };
     w->bc = broker_client_new(&bc);
     if (!w->bc)

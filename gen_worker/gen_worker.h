@@ -46,6 +46,8 @@ typedef struct {
     uint64_t weight_version;     /* version of the weights in model_dir */
     int64_t grace_ms;            /* drain grace period */
     const char *ready_file;      /* written once the broker has answered, removed at exit */
+    const char *curve_secret;    /* own zcert secret file; NULL/"" = no CURVE */
+    const char *curve_server;    /* the broker's public key file */
 } gen_worker_config_t;
 
 /* Loads the engine and connects. NULL (logged) when the model cannot be loaded. */

@@ -28,7 +28,7 @@ static void s_on_signal(int sig)
 int main(int argc, char **argv)
 {
     char *broker = NULL, *model = NULL, *backend = NULL, *worker_id = NULL, *gpus = NULL;
-    char *ready_file = NULL, *log_level = NULL;
+    char *ready_file = NULL, *log_level = NULL, *curve_secret = NULL, *curve_server = NULL;
     int64_t gpu, slots, threads, kv_mb, max_batch, max_tokens, version, grace_ms;
     bool log_json = false;
     const anv_cfg_opt_t opts[] = {
@@ -56,6 +56,10 @@ int main(int argc, char **argv)
          &grace_ms, false},
         {"ready-file", ANV_CFG_STR, NULL, 0, -1, "file written once registered (readiness)",
          &ready_file, false},
+        {"curve-secret", ANV_CFG_STR, NULL, 0, -1, "own zcert secret key file (CURVE)",
+         &curve_secret, false},
+        {"curve-server", ANV_CFG_STR, NULL, 0, -1, "the broker's public key file (CURVE)",
+         &curve_server, false},
         {"log-level", ANV_CFG_STR, "info", 0, -1, "error, warn, info, debug or trace",
          &log_level, false},
         {"log-json", ANV_CFG_BOOL, "false", 0, -1, "log JSON objects", &log_json, false},
@@ -137,6 +141,8 @@ int main(int argc, char **argv)
         .weight_version = (uint64_t)version,
         .grace_ms = grace_ms,
         .ready_file = ready_file,
+        .curve_secret = curve_secret,
+        .curve_server = curve_server,
     };
     s_worker = gen_worker_new(&cfg);
     if (!s_worker) {

@@ -6,9 +6,11 @@
     worker must handle. The thread decodes what the broker sends (for liveness and lease
     bookkeeping) and forwards the original bytes. Results wait in a local queue while the
     DEALER is gone or its pipe is full; nothing is dropped. The held-lease table and the
-    heartbeat counters are shared under the same mutex.
+    heartbeat counters are shared under the same mutex. With CURVE keys, every DEALER the
+    thread makes (again after each reconnect) is a CURVE client of the broker's public key.
 */
 #include "broker_client.h"
+#include "anv_curve.h"
 #include "anv_error.h"
 #include "anv_log.h"
 #include "anv_msg.h"
@@ -25,6 +27,7 @@ struct broker_client_t {
     char *endpoint, *worker_id, *hostname, *gpu_name, *model;
     char **caps;
     size_t n_caps;
+    anv_curve_t *curve;       /* own keys and the broker's public key; NULL = plaintext */
     Anvil__WorkerKind kind;
     int32_t gpu_index;
     uint64_t weight_version, kv_tokens, incarnation;
@@ -57,6 +60,8 @@ static void s_free_str(void **p)
 
 typedef struct {
     zsock_t *dealer;
+    zsock_t *monitor;         /* the dealer's handshakes (CURVE only) */
+    bool told_handshake;      /* a handshake failure was logged for this dealer */
     zlistx_t *queue;          /* zframe_t * waiting to go to the broker */
     int64_t last_rx_ms, next_hb_ms, reconnect_at_ms, last_ready_ms;
     int64_t backoff_ms;
@@ -141,11 +146,17 @@ static void s_connect(broker_client_t *c, s_conn_t *k)
         k->reconnect_at_ms = anv_now_ms() + k->backoff_ms;
         return;
     }
+    if (c->curve) {
+        anv_curve_client(c->curve, k->dealer);
+        k->monitor = anv_curve_monitor_new(k->dealer);
+        k->told_handshake = false;
+    }
     zsock_set_linger(k->dealer, 0);
     zsock_set_sndhwm(k->dealer, 100000);
     zsock_set_rcvhwm(k->dealer, 100000);
     if (zsock_connect(k->dealer, "%s", c->endpoint) < 0) {
         ANV_ERROR("cannot connect to broker '%s': %s", c->endpoint, zmq_strerror(errno));
+        zsock_destroy(&k->monitor);
         zsock_destroy(&k->dealer);
         k->reconnect_at_ms = anv_now_ms() + k->backoff_ms;
         return;
@@ -280,6 +291,23 @@ static void s_destroy_frame(void **item)
     zframe_destroy((zframe_t **)item);
 }
 
+/* A refused key looks like a silent broker; say what it is, once per dealer. */
+static void s_check_handshake(broker_client_t *c, s_conn_t *k)
+{
+    int h = anv_curve_monitor_read(k->monitor);
+    if (!h || k->told_handshake)
+        return;
+    k->told_handshake = true;
+    if (h == ANV_EAUTH)
+        ANV_ERROR("the broker at '%s' refused this worker's CURVE key '%s': its public key "
+                  "file must be in the broker's --curve-allow directory",
+                  c->endpoint, anv_curve_public_txt(c->curve));
+    else
+        ANV_ERROR("the CURVE handshake with the broker at '%s' failed: is --curve-server the "
+                  "broker's public key, and does the broker run with --curve-secret?",
+                  c->endpoint);
+}
+
 static void *s_thread(void *arg)
 {
     broker_client_t *c = arg;
@@ -311,6 +339,8 @@ static void *s_thread(void *arg)
         if (k.dealer && rc > 0 && (items[1].revents & ZMQ_POLLIN))
             s_from_broker(c, &k);
         s_flush(c, &k);
+        if (k.monitor)
+            s_check_handshake(c, &k);
         now = anv_now_ms();
         if (k.dealer && now >= k.next_hb_ms) {
             s_send_heartbeat(c, &k);
@@ -319,6 +349,7 @@ static void *s_thread(void *arg)
         if (k.dealer && now - k.last_rx_ms > (int64_t)c->hb_ms * c->misses) {
             ANV_WARN("broker '%s' silent for %lld ms: reconnecting in %lld ms", c->endpoint,
                      (long long)(now - k.last_rx_ms), (long long)k.backoff_ms);
+            zsock_destroy(&k.monitor);
             zsock_destroy(&k.dealer);
             pthread_mutex_lock(&c->lock);
             c->connected = false;
@@ -346,6 +377,7 @@ static void *s_thread(void *arg)
         env.disconnect = &d;
         s_send_env(c, &k, &env);
         zsock_set_linger(k.dealer, 500); /* let the goodbye leave */
+        zsock_destroy(&k.monitor);
         zsock_destroy(&k.dealer);
     }
     zlistx_destroy(&k.queue);
@@ -391,6 +423,16 @@ broker_client_t *broker_client_new(const broker_client_config_t *cfg)
         ANV_ERROR("worker id '%.40s...' is longer than 127 characters", c->worker_id);
         goto fail;
     }
+    char err[512];
+    if (anv_curve_client_config(cfg->curve_secret, cfg->curve_server, &c->curve, err,
+                                sizeof err) != 0) {
+        ANV_ERROR("%s", err);
+        goto fail;
+    }
+    if (!c->curve && !anv_curve_endpoint_local(c->endpoint))
+        ANV_WARN("connecting to '%s' without CURVE keys: traffic to the broker is plaintext "
+                 "(give --curve-secret and --curve-server)",
+                 c->endpoint);
     if (cfg->n_capabilities) {
         c->caps = calloc(cfg->n_capabilities, sizeof *c->caps);
         if (!c->caps)
@@ -454,6 +496,7 @@ void broker_client_destroy(broker_client_t **self_p)
     free(c->hostname);
     free(c->gpu_name);
     free(c->model);
+    anv_curve_destroy(&c->curve);
     pthread_mutex_destroy(&c->lock);
     free(c);
     *self_p = NULL;

@@ -43,6 +43,8 @@ typedef struct {
     size_t n_capabilities;
     int heartbeat_ms;            /* 0 = 1000 */
     int heartbeat_misses;        /* 0 = 3 */
+    const char *curve_secret;    /* own zcert secret file (NULL/"" with curve_server: no CURVE) */
+    const char *curve_server;    /* the broker's public key file (NAME.key) */
 } broker_client_config_t;
 
 /* Counters reported in heartbeats; set them with broker_client_set_stats(). */
@@ -53,8 +55,9 @@ typedef struct {
     uint64_t weight_version;
 } broker_client_stats_t;
 
-/* Copies cfg, starts the thread and connects. Returns NULL (logged) on a bad config or when
-   the thread cannot start; an unreachable broker is not an error (it keeps trying). */
+/* Copies cfg, loads the CURVE keys, starts the thread and connects. Returns NULL (logged) on a
+   bad config (one key file without the other, a key file that does not load) or when the
+   thread cannot start; an unreachable broker is not an error (it keeps trying). */
 broker_client_t *broker_client_new(const broker_client_config_t *cfg);
 /* Sends what is still queued, then DISCONNECT, stops the thread. NULL-safe, idempotent. */
 void broker_client_destroy(broker_client_t **self_p);

@@ -269,7 +269,7 @@ static int s_workers_call(cli_client_t *c, int timeout_ms, Anvil__Envelope **rep
 static void test_call_paths(void **state)
 {
     char err[256];
-    cli_client_t *c = cli_client_new(s_peer.endpoint, err, sizeof err);
+    cli_client_t *c = cli_client_new(s_peer.endpoint, NULL, NULL, err, sizeof err);
     assert_non_null(c);
     Anvil__Envelope *rep = NULL;
 
@@ -300,11 +300,11 @@ static void test_call_paths(void **state)
     cli_client_destroy(&c);
 
     /* nobody listening at all */
-    c = cli_client_new("tcp://127.0.0.1:1", err, sizeof err);
+    c = cli_client_new("tcp://127.0.0.1:1", NULL, NULL, err, sizeof err);
     assert_non_null(c);
     assert_int_equal(s_workers_call(c, 300, &rep), ANV_ETIMEOUT);
     cli_client_destroy(&c);
-    assert_null(cli_client_new("not-an-endpoint", err, sizeof err));
+    assert_null(cli_client_new("not-an-endpoint", NULL, NULL, err, sizeof err));
     assert_non_null(strstr(err, "cannot use broker endpoint 'not-an-endpoint'"));
 }
 

@@ -8,6 +8,10 @@ tests assert on what the CLI prints and on what lands in Redis.
 
 Binaries are found under $ANVIL_BUILD_DIR (default <repo>/build); a test that needs one that
 is not built is skipped, saying which.
+
+With curve=True the cluster runs CURVE: `anvil keys gen --all` makes DIR/keys (broker, client,
+worker, allow/), the broker gets --curve-secret/--curve-allow, workers started here get the
+worker key and the CLI the client key (ANVIL_CURVE_SECRET / ANVIL_CURVE_SERVER).
 """
 import json
 import os
@@ -52,7 +56,7 @@ def make_tiny_model(out_dir, **kw):
 
 
 class Cluster:
-    def __init__(self, workdir, broker_args=()):
+    def __init__(self, workdir, broker_args=(), curve=False):
         self.dir = workdir
         os.makedirs(workdir, exist_ok=True)
         self.procs = {}
@@ -61,6 +65,23 @@ class Cluster:
         self.worker_ep = "tcp://127.0.0.1:%d" % free_port()
         self.broker_args = list(broker_args)
         self.redis_url = None
+        self.keys = None
+        if curve:
+            self.keys = os.path.join(workdir, "keys")
+            self.cli("keys", "gen", "--out", self.keys, "--all")
+            self.broker_args += ["--curve-secret", self.key("broker.key_secret"),
+                                 "--curve-allow", self.key("allow")]
+
+    def key(self, name):
+        """Path of a file in the cluster's key directory (curve=True)."""
+        return os.path.join(self.keys, name)
+
+    def worker_curve_args(self, name="worker"):
+        """The flags that give a worker key NAME (default: the allowed worker key)."""
+        if not self.keys:
+            return []
+        return ["--curve-secret", self.key(name + ".key_secret"),
+                "--curve-server", self.key("broker.key")]
 
     # -- services -------------------------------------------------------------------------
     def start_redis(self):
@@ -97,10 +118,10 @@ class Cluster:
                           ["--redis-url", self.redis_url, "--client-endpoint", self.client_ep,
                            "--worker-endpoint", self.worker_ep] + self.broker_args)
 
-    def start_gen_worker(self, name, model, *extra):
+    def start_gen_worker(self, name, model, *extra, broker=None):
         return self.spawn(name, "anvil-gen-worker",
-                          ["--broker", self.worker_ep, "--model", model, "--worker-id", name]
-                          + list(extra))
+                          ["--broker", broker or self.worker_ep, "--model", model,
+                           "--worker-id", name] + self.worker_curve_args() + list(extra))
 
     def stop(self, name, sig=signal.SIGTERM, timeout=30):
         p = self.procs.get(name)
@@ -123,11 +144,16 @@ class Cluster:
         self.stop_redis()
 
     # -- the CLI ---------------------------------------------------------------------------
-    def cli(self, *args, check=True, timeout=120, input=None):
+    def cli(self, *args, check=True, timeout=120, input=None, env=None):
         path = binary("anvil")
         if path is None:
             raise RuntimeError("anvil is not built")
+        extra = env or {}
         env = dict(os.environ, ANVIL_BROKER=self.client_ep)
+        if self.keys:
+            env.update(ANVIL_CURVE_SECRET=self.key("client.key_secret"),
+                       ANVIL_CURVE_SERVER=self.key("broker.key"))
+        env.update(extra)
         r = subprocess.run([path] + [str(a) for a in args], capture_output=True, text=True,
                            timeout=timeout, env=env, input=input)
         if check and r.returncode != 0:

@@ -414,9 +414,10 @@ class AnvilClient:
             await c.update_weights("/ckpt/step-1", version=1)
     """
 
-    def __init__(self, endpoint=None, timeout_s=30.0, watch_block_ms=5000, chunk_tasks=1000):
+    def __init__(self, endpoint=None, timeout_s=30.0, watch_block_ms=5000, chunk_tasks=1000,
+                 curve_secret=None, curve_server=None):
         self.endpoint = endpoint or os.environ.get("ANVIL_BROKER", "tcp://127.0.0.1:5555")
-        self.conn = Connection(self.endpoint, timeout_s)
+        self.conn = Connection(self.endpoint, timeout_s, curve_secret, curve_server)
         self.watch_block_ms = watch_block_ms
         self.chunk_tasks = chunk_tasks
         self.weight_version = None     # the trainer's version as far as the client knows

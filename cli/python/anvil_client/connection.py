@@ -6,6 +6,9 @@ echoes, so long polls (WATCH with block_ms) and other requests run side by side 
 A reply with an unknown id (its request timed out) is counted and dropped. ZeroMQ connects in
 the background, so an unreachable broker shows only as a timeout, and the error says so.
 ErrorReply becomes AnvilError carrying the broker's ANV_E* code.
+With CURVE keys (zcert files from `anvil keys gen`: the own NAME.key_secret and the broker's
+NAME.key, or ANVIL_CURVE_SECRET / ANVIL_CURVE_SERVER) the DEALER is a CURVE client, as the
+`anvil` CLI's is.
 """
 import asyncio
 import os
@@ -13,6 +16,7 @@ import random
 
 import zmq
 import zmq.asyncio
+import zmq.auth
 
 from ._proto import PROTOCOL_VERSION, pb
 
@@ -29,16 +33,44 @@ class AnvilError(Exception):
         self.code = code
 
 
+def load_curve_keys(secret_file, server_file):
+    """(own public, own secret, server public) Z85 keys from zcert files, checked as the C side
+    checks them (common/anv_curve.c): 40-character keys, a pair that belongs together."""
+    if secret_file.endswith(".key") and os.path.exists(secret_file + "_secret"):
+        secret_file += "_secret"
+    try:
+        public, secret = zmq.auth.load_certificate(secret_file)
+        server, _ = zmq.auth.load_certificate(server_file)
+    except (OSError, ValueError) as e:
+        raise AnvilError("cannot load CURVE keys: %s" % e) from None
+    if not secret or len(secret) != 40:
+        raise AnvilError("key file '%s' holds no secret key (give the NAME.key_secret file "
+                         "made by `anvil keys gen`)" % secret_file)
+    if len(public) != 40 or len(server) != 40 or zmq.curve_public(secret) != public:
+        raise AnvilError("key files '%s' / '%s' are not valid zcert keys"
+                         % (secret_file, server_file))
+    return public, secret, server
+
+
 class Connection:
     """A DEALER on the broker's client endpoint. Use from one event loop."""
 
-    def __init__(self, endpoint, timeout_s=30.0):
+    def __init__(self, endpoint, timeout_s=30.0, curve_secret=None, curve_server=None):
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        curve_secret = curve_secret or os.environ.get("ANVIL_CURVE_SECRET") or None
+        curve_server = curve_server or os.environ.get("ANVIL_CURVE_SERVER") or None
+        if bool(curve_secret) != bool(curve_server):
+            raise AnvilError("CURVE needs both curve_secret (own key) and curve_server (the "
+                             "broker's public key)")
+        keys = load_curve_keys(curve_secret, curve_server) if curve_secret else None
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, 0)
+        if keys:
+            s = self._sock
+            s.curve_publickey, s.curve_secretkey, s.curve_serverkey = keys
         self._sock.connect(endpoint)
         # distinct per process and run, as the CLI does
         self._next_id = (random.getrandbits(40) ^ (os.getpid() << 40)) & ((1 << 63) - 1)
