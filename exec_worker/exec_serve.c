@@ -130,20 +130,12 @@ static void s_take(broker_client_t *bc, s_queue_t *q, Anvil__Envelope *env, bool
 int exec_serve_run(exec_scorer_t *sc, const exec_serve_cfg_t *cfg, const exec_spec_t *base,
                    volatile sig_atomic_t *stop)
 {
-    char wid[128];
-    if (cfg->worker_id && *cfg->worker_id) {
-        snprintf(wid, sizeof wid, "%s", cfg->worker_id);
-    } else {
-        char host[64] = "host";
-        gethostname(host, sizeof host - 1);
-        snprintf(wid, sizeof wid, "%s-exec-%d", host, (int)getpid());
-    }
     const char *caps[] = {"kernelbench", "tritonbench-g", "tritonbench-t",
                           strcmp(cfg->device, "cuda") ? "triton-interpret" : "cuda"};
     broker_client_config_t bcfg = {
         .endpoint = cfg->broker,
         .kind = ANVIL__WORKER_KIND__WORKER_EXEC,
-        .worker_id = wid,
+        .worker_id = cfg->worker_id,
         .gpu_index = cfg->gpu_index,
         .gpu_name = cfg->device,
         .slots = 1,
@@ -151,31 +143,21 @@ int exec_serve_run(exec_scorer_t *sc, const exec_serve_cfg_t *cfg, const exec_sp
         .n_capabilities = 4,
         .curve_secret = cfg->curve_secret,
         .curve_server = cfg->curve_server,
+        .ready_file = cfg->ready_file,
     };
     broker_client_t *bc = broker_client_new(&bcfg);
     if (!bc)
         return 1;
+    const char *wid = broker_client_worker_id(bc);
     ANV_INFO("serving broker '%s' as '%s' (%s, sandbox %s)", cfg->broker, wid, cfg->device,
              exec_scorer_sandbox_mode(sc));
     s_queue_t q = {0};
     uint64_t evals = 0;
-    bool ready_written = false;
     while (!*stop || q.n > 0) {
         Anvil__Envelope *env = broker_client_recv(bc, q.n ? 0 : 200);
         while (env) {
             s_take(bc, &q, env, *stop != 0);
             env = broker_client_recv(bc, 0);
-        }
-        if (!ready_written && cfg->ready_file && *cfg->ready_file &&
-            broker_client_connected(bc)) {
-            FILE *f = fopen(cfg->ready_file, "w");
-            if (f) {
-                fprintf(f, "%s\n", wid);
-                fclose(f);
-            } else {
-                ANV_WARN("cannot write ready file '%s': %s", cfg->ready_file, strerror(errno));
-            }
-            ready_written = true;
         }
         if (*stop) {
             /* hand back what has not started; the unit in progress (if any) already ended */
@@ -197,8 +179,6 @@ int exec_serve_run(exec_scorer_t *sc, const exec_serve_cfg_t *cfg, const exec_sp
         broker_client_set_stats(bc, &st);
     }
     broker_client_destroy(&bc);
-    if (ready_written && cfg->ready_file && *cfg->ready_file)
-        unlink(cfg->ready_file);
     ANV_INFO("exec worker stopped after %llu evaluations", (unsigned long long)evals);
     return 0;
 }

@@ -59,7 +59,6 @@ struct gen_worker_t {
     uint64_t pending_version;
     char *pending_dir;
     uint64_t tokens_generated;
-    bool ready_written;
     char worker_id[128];
 };
 
@@ -464,18 +463,6 @@ static void s_publish(gen_worker_t *w)
         .weight_version = eng_engine_weight_version(w->eng),
     };
     broker_client_set_stats(w->bc, &bs);
-    if (!w->ready_written && w->cfg.ready_file && *w->cfg.ready_file &&
-        broker_client_connected(w->bc)) {
-        FILE *f = fopen(w->cfg.ready_file, "w");
-        if (f) {
-            fprintf(f, "%s\n", w->worker_id);
-            fclose(f);
-            w->ready_written = true;
-        } else {
-            ANV_WARN("cannot write ready file '%s': %s", w->cfg.ready_file, strerror(errno));
-            w->ready_written = true;
-        }
-    }
 }
 
 /* Hands back every lease still held (retryable): engine failure or the end of a drain. */
@@ -547,7 +534,9 @@ int gen_worker_run(gen_worker_t *self)
             s_publish(w);
             last_publish = anv_now_ms();
         }
-        if (w->draining) {
+        /* a SIGTERM during this pass set draining after the deadline was due: the grace
+           period starts at the top of the next pass, not here */
+        if (w->draining && drain_deadline) {
             if (s_units_in_flight(w) == 0)
                 break;
             if (anv_now_ms() >= drain_deadline) {
@@ -577,13 +566,6 @@ gen_worker_t *gen_worker_new(const gen_worker_config_t *cfg)
     w->units = calloc((size_t)w->n_units, sizeof *w->units);
     if (!w->units)
         goto fail;
-    if (cfg->worker_id && *cfg->worker_id) {
-        snprintf(w->worker_id, sizeof w->worker_id, "%s", cfg->worker_id);
-    } else {
-        char host[64] = "host";
-        gethostname(host, sizeof host - 1);
-        snprintf(w->worker_id, sizeof w->worker_id, "%s-gen-%d", host, (int)getpid());
-    }
     char err[512] = "";
     eng_engine_opts_t eo = {
         .model_dir = cfg->model_dir,
@@ -609,7 +591,7 @@ gen_worker_t *gen_worker_new(const gen_worker_config_t *cfg)
     broker_client_config_t bc = {
         .endpoint = cfg->broker,
         .kind = ANVIL__WORKER_KIND__WORKER_GEN,
-        .worker_id = w->worker_id,
+        .worker_id = cfg->worker_id,
         .gpu_index = cfg->gpu_index,
         .gpu_name = cfg->gpu_index >= 0 ? "cuda" : "cpu",
         .model = cfg->model_dir,
@@ -620,10 +602,12 @@ gen_worker_t *gen_worker_new(const gen_worker_config_t *cfg)
         .n_capabilities = sizeof caps / sizeof *caps,
         .curve_secret = cfg->curve_secret,
         .curve_server = cfg->curve_server,
+        .ready_file = cfg->ready_file,
     };
     w->bc = broker_client_new(&bc);
     if (!w->bc)
         goto fail;
+    snprintf(w->worker_id, sizeof w->worker_id, "%s", broker_client_worker_id(w->bc));
     return w;
 fail:
     gen_worker_destroy(&w);
@@ -645,8 +629,6 @@ void gen_worker_destroy(gen_worker_t **self_p)
     free(w->units);
     free(w->pending_dir);
     eng_engine_destroy(&w->eng);
-    if (w->cfg.ready_file && w->ready_written)
-        unlink(w->cfg.ready_file);
     free(w);
     *self_p = NULL;
 }

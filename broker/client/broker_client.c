@@ -25,6 +25,8 @@
 
 struct broker_client_t {
     char *endpoint, *worker_id, *hostname, *gpu_name, *model;
+    char *ready_file;         /* NULL = none; written by the thread, removed at destroy */
+    bool ready_written;       /* thread-owned until the thread is joined */
     char **caps;
     size_t n_caps;
     anv_curve_t *curve;       /* own keys and the broker's public key; NULL = plaintext */
@@ -66,6 +68,25 @@ typedef struct {
     int64_t last_rx_ms, next_hb_ms, reconnect_at_ms, last_ready_ms;
     int64_t backoff_ms;
 } s_conn_t;
+
+/* The ready file: the worker id, written once when the broker first answers (a readiness
+   probe or a script waits for it). A file that cannot be written is logged, not retried. */
+static void s_write_ready(broker_client_t *c)
+{
+    FILE *f = fopen(c->ready_file, "w");
+    bool ok = f && fprintf(f, "%s\n", c->worker_id) > 0;
+    if (f && fclose(f) != 0)
+        ok = false;
+    if (!ok) {
+        ANV_WARN("cannot write ready file '%s': %s", c->ready_file, strerror(errno));
+        if (f)
+            unlink(c->ready_file);
+        free(c->ready_file);
+        c->ready_file = NULL;
+        return;
+    }
+    c->ready_written = true;
+}
 
 static int s_send_env(broker_client_t *c, s_conn_t *k, Anvil__Envelope *env)
 {
@@ -213,6 +234,8 @@ static void s_from_broker(broker_client_t *c, s_conn_t *k)
         c->msg.received++;
         k->last_rx_ms = anv_now_ms();
         k->backoff_ms = 1000;
+        if (c->ready_file && !c->ready_written)
+            s_write_ready(c);
         pthread_mutex_lock(&c->lock);
         c->connected = true;
         bool forward = false;
@@ -399,9 +422,12 @@ broker_client_t *broker_client_new(const broker_client_config_t *cfg)
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     char wid[300];
-    snprintf(wid, sizeof wid, "%s-%d", cfg->hostname ? cfg->hostname : host, (int)getpid());
+    snprintf(wid, sizeof wid, "%s-%s-%d", cfg->hostname ? cfg->hostname : host,
+             cfg->kind == ANVIL__WORKER_KIND__WORKER_GEN ? "gen" : "exec", (int)getpid());
     c->endpoint = s_dup(cfg->endpoint);
-    c->worker_id = s_dup(cfg->worker_id ? cfg->worker_id : wid);
+    c->worker_id = s_dup(cfg->worker_id && *cfg->worker_id ? cfg->worker_id : wid);
+    if (cfg->ready_file && *cfg->ready_file && !(c->ready_file = strdup(cfg->ready_file)))
+        goto fail;
     c->hostname = s_dup(cfg->hostname ? cfg->hostname : host);
     c->gpu_name = s_dup(cfg->gpu_name ? cfg->gpu_name : "");
     c->model = s_dup(cfg->model ? cfg->model : "");
@@ -483,6 +509,9 @@ void broker_client_destroy(broker_client_t **self_p)
         pthread_mutex_unlock(&c->lock);
         pthread_join(c->thread, NULL);
     }
+    if (c->ready_written)
+        unlink(c->ready_file);
+    free(c->ready_file);
     zsock_destroy(&c->up_app);
     zsock_destroy(&c->up_thr);
     zsock_destroy(&c->down_app);

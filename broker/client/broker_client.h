@@ -31,7 +31,7 @@ typedef struct broker_client_t broker_client_t;
 typedef struct {
     const char *endpoint;        /* broker worker endpoint, e.g. "tcp://127.0.0.1:5556" */
     Anvil__WorkerKind kind;      /* ANVIL__WORKER_KIND__WORKER_GEN or _EXEC */
-    const char *worker_id;       /* stable id; NULL = "<hostname>-<pid>" */
+    const char *worker_id;       /* stable id; NULL or "" = "<hostname>-<gen|exec>-<pid>" */
     const char *hostname;        /* NULL = gethostname() */
     int32_t gpu_index;           /* -1 = CPU */
     const char *gpu_name;
@@ -45,6 +45,9 @@ typedef struct {
     int heartbeat_misses;        /* 0 = 3 */
     const char *curve_secret;    /* own zcert secret file (NULL/"" with curve_server: no CURVE) */
     const char *curve_server;    /* the broker's public key file (NAME.key) */
+    const char *ready_file;      /* NULL/"": none; else written with the worker id once the
+                                    broker first answers (readiness probes, scripts), removed
+                                    by broker_client_destroy */
 } broker_client_config_t;
 
 /* Counters reported in heartbeats; set them with broker_client_set_stats(). */

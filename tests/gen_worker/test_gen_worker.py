@@ -104,6 +104,25 @@ def test_cancel_and_keep_serving(cluster, tiny_model, tmp_path):
     assert cluster.wait_state(job2, timeout=60)["generated"] == 4
 
 
+def test_ready_file(cluster, tiny_model, tmp_path):
+    """--ready-file (readiness probes, the Slurm recipe) appears with the worker id once the
+    broker answers, and is gone after a drain; the default id is <host>-gen-<pid>."""
+    ready = tmp_path / "ready"
+    cluster.spawn("gen-noid", "anvil-gen-worker",
+                  ["--broker", cluster.worker_ep, "--model", tiny_model, "--threads", "1",
+                   "--ready-file", str(ready)] + cluster.worker_curve_args())
+    deadline = time.time() + 60
+    while not ready.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert ready.exists(), cluster.log("gen-noid")
+    wid = ready.read_text().strip()
+    pid = cluster.procs["gen-noid"].pid
+    assert wid == "%s-gen-%d" % (os.uname().nodename, pid)
+    assert wid in cluster.cli("workers").stdout
+    assert cluster.stop("gen-noid", signal.SIGTERM) == 0
+    assert not ready.exists()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_worker_stop_loses_nothing(cluster, tiny_model, tmp_path, sig):
     cluster.start_gen_worker("gen0", tiny_model, "--threads", "1", "--slots", "4",
@@ -119,7 +138,9 @@ def test_worker_stop_loses_nothing(cluster, tiny_model, tmp_path, sig):
     if sig == signal.SIGTERM:
         assert rc == 0, cluster.log("gen0")
         assert time.time() - t0 < 10
+        # the grace period ran (a SIGTERM mid-pass once skipped it: "grace period over" at once)
+        assert "draining:" in cluster.log("gen0"), cluster.log("gen0")
     cluster.start_gen_worker("gen1", tiny_model, "--threads", "1", "--slots", "4")
     st = cluster.wait_state(job, timeout=180)
-    assert st["generated"] == 120 and st["failed"] == 0
+    assert st["generated"] == 120 and st["failed"] == 0, (json.dumps(st)[80:900], cluster.log("gen0")[-3000:])
     check_exactly_once(cluster.results(job), 40, 3)
