@@ -8,7 +8,7 @@ the same port and data directory so it recovers from its AOF), `anvil-broker`, a
 few tokens per sample. The job is submitted with the real CLI (`anvil submit --name`, re-run
 with the same name until it succeeds, so a submit cut by a fault resumes) while the faults have
 already started. A seeded schedule (the seed is printed; `--seed S` replays it) picks, every
-0.4-2.5 s, one or two targets (the broker, Redis, one worker), kills them with SIGKILL, keeps
+0.4-2.5 s (the first one 0.05-0.6 s into the first submit), one or two targets (the broker, Redis, one worker), kills them with SIGKILL, keeps
 them down 0.1-1.5 s and starts them again (a worker comes back under its old id - a new
 incarnation - or under a new id). It runs until the job is done, then everything is brought up
 and the checker reads:
@@ -74,6 +74,7 @@ class Chaos:
         self.unexpected = []  # processes that died without being killed
         self.log_lines = []
         self.stop = threading.Event()
+        self.submitting = threading.Event()
         self.lock = threading.Lock()
         self.t0 = time.time()
         self.r = Redis(self.rport)
@@ -221,8 +222,15 @@ class Chaos:
         self.note("restarted %s%s" % ("+".join(pick), "" if ok else " (NOT healthy)"))
 
     def schedule(self):
+        first = True
         while not self.stop.is_set():
-            if self.stop.wait(self.rnd.uniform(0.4, 2.5)):
+            if first:  # the first fault lands while the CLI is sending its chunks
+                self.submitting.wait()
+                gap = self.rnd.uniform(0.05, 0.6)
+                first = False
+            else:
+                gap = self.rnd.uniform(0.4, 2.5)
+            if self.stop.wait(gap):
                 break
             try:
                 with self.lock:
@@ -428,6 +436,7 @@ def main():
         while True:
             round_ += 1
             t_sub = time.time()
+            ch.submitting.set()
             doc, attempts = submit(ch, prompts, "chaos-%d-%d" % (a.seed, round_))
             job = doc["job_id"]
             print("job %s: submitted in %.1f s, %d CLI attempt(s), accepted %d + already "
