@@ -827,8 +827,17 @@ int broker_commit(broker_t *b)
             b->m.tokens_generated += (uint64_t)broker_reply_int(e, 4, 0);
             b->m.evals_done += (uint64_t)broker_reply_int(e, 5, 0);
             b->m.evals_correct += (uint64_t)broker_reply_int(e, 6, 0);
+            /* gen units whose last result came with samples still unrecorded (their earlier
+               results died with a previous broker): re-queued for those samples */
+            int64_t again = broker_reply_int(e, 7, 0);
+            if (again > 0) {
+                b->m.units_requeued += (uint64_t)again;
+                ANV_JWARN(jid, "%lld unit(s) ended with samples unrecorded: re-queued",
+                          (long long)again);
+            }
             if (j) {
                 j->ready_exec += broker_reply_int(e, 2, 0);
+                j->ready_retry += again;
                 if (fin)
                     j->live = false;
             }

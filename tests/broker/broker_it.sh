@@ -4,7 +4,7 @@
 # driven by broker_test_client. Assertions are on what lands in Redis and what the client
 # prints. Scenarios: basic score resubmit watch worker_kill broker_kill redis_restart cancel
 # priority fair_share dead_letter retry_failed matching http_metrics status_page garbage
-# weights.
+# weights partial_unit.
 set -euo pipefail
 scenario=${1:?usage: broker_it.sh SCENARIO}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -258,6 +258,26 @@ redis_restart)
     exactly_once "$j" 800
     [ "$(metric redis_errors)" -ge 1 ] || fail "the outage was not noticed"
     pass "redis SIGKILLed and restarted from its AOF mid-job: 800 samples, none lost or doubled"
+    ;;
+partial_unit)
+    # Regression (found by tests/chaos): a gen unit's first sample reaches a broker that
+    # cannot commit it (Redis down) and dies with it; the unit's last sample reaches the
+    # restarted broker and ended the lease, so the first sample was never recorded and the
+    # job never finished. Now the unit goes back to the retry list for the missing sample.
+    start_worker w1 --slots 1 --gap-ms 2500
+    j=$(submit --tasks 1 --n 2)
+    wait_units w1 1
+    kill -9 "$(cat "$D/redis.pid")"
+    sleep 3.2 # sample 0 (sent at 2.5 s) waits in the broker's memory; sample 1 comes at 5 s
+    grep -q "commit failed" "$D/broker.log" || fail "sample 0 was not queued by the broker"
+    { kill -9 $BPID && wait $BPID; } 2>/dev/null || true
+    start_redis
+    start_broker --lease-ms 60000 # the lease cannot expire during the test: no rescue by expiry
+    wait_done "$j" 30
+    exactly_once "$j" 2
+    [ "$(units_of w1)" = 2 ] || fail "the unit was not dispatched again ($(units_of w1) units)"
+    grep -q "ended with samples unrecorded: re-queued" "$D/broker.log" || fail "no re-queue logged"
+    pass "a unit whose first result died with the broker was re-queued for it and recorded once"
     ;;
 cancel)
     start_worker w1 --slots 4 --sleep-ms 20

@@ -2,7 +2,8 @@
     benchmarks.
 
     gen: answers every GenUnit at once (or after --sleep-ms) with one Sample per requested
-    index ("echo" text, --tokens token ids and logprobs). exec: answers ExecUnits with
+    index ("echo" text, --tokens token ids and logprobs); --gap-ms waits that long before each
+    Sample of a unit (a unit's results spread over time, e.g. across a broker restart). exec: answers ExecUnits with
     EXEC_CORRECT when the completion contains "ok", else EXEC_INCORRECT. --fail answers every
     unit with a retryable UnitFailed, --fatal with a non-retryable one. --error-every K makes
     the units of tasks whose index is a multiple of K end badly: gen samples with
@@ -28,7 +29,7 @@ int main(int argc, char **argv)
 {
     char *endpoint = NULL, *kind = NULL, *id = NULL, *log_path = NULL, *level = NULL;
     char *model = NULL, *caps_s = NULL;
-    int64_t slots, sleep_ms, tokens, hb_ms, error_every;
+    int64_t slots, sleep_ms, tokens, hb_ms, error_every, gap_ms;
     bool fail = false, fatal = false;
     const anv_cfg_opt_t opts[] = {
         {"endpoint", ANV_CFG_STR, "tcp://127.0.0.1:5556", 0, -1, "broker worker endpoint",
@@ -38,6 +39,8 @@ int main(int argc, char **argv)
         {"slots", ANV_CFG_INT, "64", 1, 100000, "credit", &slots, false},
         {"sleep-ms", ANV_CFG_INT, "0", 0, 3600000, "work time per unit", &sleep_ms, false},
         {"tokens", ANV_CFG_INT, "4", 0, 100000, "tokens per sample", &tokens, false},
+        {"gap-ms", ANV_CFG_INT, "0", 0, 3600000, "wait before each sample of a unit", &gap_ms,
+         false},
         {"heartbeat-ms", ANV_CFG_INT, "1000", 10, 60000, "heartbeat", &hb_ms, false},
         {"fail", ANV_CFG_BOOL, "false", 0, -1, "fail every unit (retryable)", &fail, false},
         {"fatal", ANV_CFG_BOOL, "false", 0, -1, "fail every unit (not retryable)", &fatal,
@@ -131,6 +134,8 @@ int main(int argc, char **argv)
                                                !fatal);
             } else {
                 for (size_t i = 0; i < u->n_sample_indices; i++) {
+                    if (gap_ms)
+                        anv_sleep_ms(gap_ms);
                     Anvil__Sample s = ANVIL__SAMPLE__INIT;
                     char text[128];
                     snprintf(text, sizeof text, "echo %s ok",

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # redis-server.sh - start or stop a private redis-server for tests.
 #
-#   redis-server.sh start DIR   starts redis-server on a free loopback port with its data (AOF on)
-#                               in DIR, waits until it answers PING, writes DIR/url
-#                               ("redis://127.0.0.1:PORT"), DIR/port and DIR/redis.pid
+#   redis-server.sh start DIR [PORT]  starts redis-server on a free loopback port (or on PORT:
+#                               a restart after a crash, so clients find it again) with its data
+#                               (AOF on) in DIR, waits until it answers PING (and has loaded its
+#                               AOF), writes DIR/url ("redis://127.0.0.1:PORT"), DIR/port and
+#                               DIR/redis.pid
 #   redis-server.sh stop DIR    stops the server started in DIR (SHUTDOWN NOSAVE, then SIGKILL)
+#
+# ANVIL_REDIS_APPENDFSYNC sets appendfsync (default everysec; `always` for tests that SIGKILL
+# Redis and need every acknowledged write to survive, see broker/README.md "Durability").
 #
 # Used by the CTest fixture "redis" (tests/CMakeLists.txt) and by any test that needs a server
 # of its own (restart tests, chaos tests, pytest fixtures).
 set -euo pipefail
 cmd=${1:?usage: redis-server.sh start|stop DIR}
 dir=${2:?usage: redis-server.sh start|stop DIR}
+fixed_port=${3:-}
+fsync=${ANVIL_REDIS_APPENDFSYNC:-everysec}
 server=${REDIS_SERVER:-$(command -v redis-server || echo /usr/bin/redis-server)}
 
 case "$cmd" in
@@ -18,12 +25,13 @@ start)
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
     for attempt in $(seq 1 20); do
-        port=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
+        port=${fixed_port:-$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))}
         "$server" --port "$port" --bind 127.0.0.1 --dir "$dir" --appendonly yes \
-            --appendfsync everysec --save '' --daemonize yes --pidfile "$dir/redis.pid" \
+            --appendfsync "$fsync" --save '' --daemonize yes --pidfile "$dir/redis.pid" \
             --logfile "$dir/redis.log" --protected-mode yes >/dev/null 2>&1 || continue
         for _ in $(seq 1 100); do
-            if redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; then
+            if redis-cli -p "$port" ping 2>/dev/null | grep -q PONG &&
+                redis-cli -p "$port" info persistence 2>/dev/null | grep -q '^loading:0'; then
                 echo "$port" >"$dir/port"
                 echo "redis://127.0.0.1:$port" >"$dir/url"
                 echo "redis://127.0.0.1:$port"
@@ -34,6 +42,7 @@ start)
         done
         [ -s "$dir/redis.pid" ] && kill -9 "$(cat "$dir/redis.pid")" 2>/dev/null || true
         rm -f "$dir/redis.pid"
+        [ -n "$fixed_port" ] && sleep 0.2 # the same port again: give a dying server time to go
     done
     echo "redis-server.sh: could not start $server in $dir (see $dir/redis.log)" >&2
     exit 1
