@@ -124,15 +124,17 @@ broker_t *broker_new(const broker_config_t *cfg)
     b->by_id = zhashx_new();
     b->leases = zhashx_new();
     b->watches = zlistx_new();
+    b->cancels = zlistx_new();
     b->args = broker_args_new();
     if (!b->client_endpoint || !b->worker_endpoint || !b->redis_url || !b->by_ident || !b->by_id ||
-        !b->leases || !b->watches || !b->args)
+        !b->leases || !b->watches || !b->cancels || !b->args)
         goto fail;
     if (s_security(b, cfg) != 0)
         goto fail;
     zhashx_set_destructor(b->by_ident, s_destroy_worker);
     zhashx_set_destructor(b->leases, s_destroy_lease);
     broker_clients_watch_destructor(b->watches);
+    broker_clients_cancel_destructor(b->cancels);
     b->store = broker_store_new(cfg->redis_url, (int)cfg->redis_timeout_ms);
     if (!b->store)
         goto fail;
@@ -154,6 +156,7 @@ broker_t *broker_new(const broker_config_t *cfg)
         ANV_ERROR("cannot restore state from redis: %s", broker_store_errstr(b->store));
         goto fail;
     }
+    broker_clients_load_weights(b);
     b->workers_sock = s_router(cfg->worker_endpoint, "worker", b->curve);
     b->clients = s_router(cfg->client_endpoint, "client", b->curve);
     if (!b->workers_sock || !b->clients)
@@ -186,6 +189,7 @@ void broker_destroy(broker_t **self_p)
         free(b->pending[i].payload);
     free(b->pending);
     zlistx_destroy(&b->watches);
+    zlistx_destroy(&b->cancels);
     zhashx_destroy(&b->leases);
     zhashx_destroy(&b->by_id);
     zhashx_destroy(&b->by_ident);
@@ -286,6 +290,7 @@ static void s_publish_metrics(broker_t *b)
         {"worker_unhandled", m->worker_unhandled}, {"redis_errors", m->redis_errors},
         {"commit_retries", m->commit_retries}, {"cancels_sent", m->cancels_sent},
         {"weights_updates", m->weights_updates}, {"redis_calls", broker_store_calls(b->store)},
+        {"results_stale", m->results_stale}, {"weight_version", b->weight_version},
         {"worker_msgs_in", w->received}, {"worker_msgs_out", w->sent},
         {"worker_rejected_empty", w->rejected_empty},
         {"worker_rejected_oversize", w->rejected_oversize},
@@ -326,6 +331,7 @@ static void s_tick(broker_t *b, int64_t now_ms)
     if (broker_redis_usable(b))
         s_expire(b);
     broker_clients_tick(b, now_ms);
+    broker_clients_check_cancels(b, true);
     broker_sched_gc(b);
     s_publish_metrics(b);
     s_observe(b, now_ms);
@@ -374,6 +380,8 @@ int broker_run(broker_t *b)
         }
         s_drain(b, b->workers_sock, true, (int)b->cfg.batch);
         broker_commit(b);
+        if (zlistx_size(b->cancels))
+            broker_clients_check_cancels(b, false);
         s_drain(b, b->clients, false, 64);
         broker_dispatch(b);
         now = anv_now_ms();

@@ -105,8 +105,24 @@ local function parse_lease(lid)
     return nil
 end
 
+-- protobuf fields appended to a packed message (a later occurrence of a field wins when it is
+-- decoded): a varint field, and a length-delimited one of at most 127 bytes
+local function pb_varint(field, x)
+    local out = {string.char(field * 8)}
+    while x >= 128 do
+        out[#out + 1] = string.char(x % 128 + 128)
+        x = math.floor(x / 128)
+    end
+    out[#out + 1] = string.char(x)
+    return table.concat(out)
+end
+
+local function pb_short_bytes(field, v)
+    return string.char(field * 8 + 2, #v) .. v
+end
+
 ------------------------------------------------------------------------------------------------
--- create now job_id idem_key spec name priority n score max_attempts tenant
+-- create now job_id idem_key spec name priority n score max_attempts tenant score_only
 --   -> {job_id, existing(0|1)}
 local function op_create(a)
     local now, j, idem = a[2], a[3], a[4]
@@ -123,6 +139,9 @@ local function op_create(a)
                'score', a[9], 'max_attempts', a[10], 'tenant', a[11], 'state', 'submitting',
                'created_ms', now, 'tasks', 0, 'samples_total', 0, 'cursor', 0, 'final', 0,
                'tn_any', 0, 'terminal', 0)
+    if a[12] == '1' then
+        redis.call('HSET', jk(j), 'score_only', 1)
+    end
     redis.call('ZADD', P .. 'jobs', now, j)
     redis.call('SADD', ACTIVE, j)
     if idem ~= '' then
@@ -132,7 +151,10 @@ local function op_create(a)
 end
 
 -- submit now job final count chunk_key xkinds {custom_id task_bytes n}*count
---   -> {accepted, skipped, tasks}
+--   -> {accepted, skipped, tasks, exec_added}
+-- A score-only job (`score_only` set at create) has {custom_id task_bytes n sample_bytes*n}
+-- per task instead: its samples (packed Sample, the completion as text, no task index or job
+-- id yet: the script appends them) are recorded at once and queued for scoring.
 -- xkinds: bit mask of the task kinds in the chunk (1 << TaskKind), or-ed into the job's
 -- `xkinds`: exec units go only to workers that can score every kind the job has.
 -- A chunk key ('' = none) makes a retried chunk (lost reply) answer as before, adding nothing.
@@ -146,9 +168,25 @@ local function op_submit(a)
             return {num(acc, 0), num(skip, 0), num(tasks, 0)}
         end
     end
-    local v = redis.call('HMGET', jh, 'state', 'tasks', 'samples_total', 'n', 'final', 'xkinds')
+    local v = redis.call('HMGET', jh, 'state', 'tasks', 'samples_total', 'n', 'final', 'xkinds',
+                         'score_only')
     if not v[1] then
         return redis.error_reply('ENOTFOUND no such job')
+    end
+    local so = v[7] == '1'
+    -- the chunk's tasks: {cid, body, n, first sample argument}
+    local ents = {}
+    local at = 8
+    for i = 1, cnt do
+        local e = {a[at], a[at + 1], num(a[at + 2], 0), at + 3}
+        if e[1] == nil or e[2] == nil then
+            return redis.error_reply('EPROTO truncated submit arguments')
+        end
+        ents[i] = e
+        at = at + 3
+        if so then
+            at = at + e[3]
+        end
     end
     local xk = bit.bor(num(v[6], 0), num(a[7], 0))
     local state = v[1]
@@ -157,24 +195,34 @@ local function op_submit(a)
     end
     -- a job that is final takes no new tasks; re-submitting ones it has is fine (skipped)
     if v[5] == '1' then
-        for i = 0, cnt - 1 do
-            local cid = a[8 + 3 * i]
+        for i = 1, cnt do
+            local cid = ents[i][1]
             if cid == '' or redis.call('HEXISTS', jk(j, 'cid'), cid) == 0 then
                 return redis.error_reply('ESTATE job is final and takes no new tasks')
             end
         end
-        return {0, cnt, num(v[2], 0)}
+        return {0, cnt, num(v[2], 0), 0}
     end
     local idx, tot, n = num(v[2], 0), num(v[3], 0), num(v[4], 1)
     local acc, skip = 0, 0
-    local hs, tn = {}, {}
-    for i = 0, cnt - 1 do
-        local cid, body, tnv = a[8 + 3 * i], a[9 + 3 * i], num(a[10 + 3 * i], 0)
+    local hs, tn, res, xq = {}, {}, {}, {}
+    local jid = pb_short_bytes(1, j)
+    for i = 1, cnt do
+        local cid, body, tnv = ents[i][1], ents[i][2], ents[i][3]
         if cid ~= '' and redis.call('HSETNX', jk(j, 'cid'), cid, idx) == 0 then
             skip = skip + 1
         else
             hs[#hs + 1] = idx
             hs[#hs + 1] = body
+            if so then
+                local ti = pb_varint(2, idx)
+                for s = 0, tnv - 1 do
+                    local f = idx .. ':' .. s
+                    res[#res + 1] = f
+                    res[#res + 1] = a[ents[i][4] + s] .. jid .. ti
+                    xq[#xq + 1] = f
+                end
+            end
             if tnv > 0 then
                 tn[#tn + 1] = idx
                 tn[#tn + 1] = tnv
@@ -199,30 +247,40 @@ local function op_submit(a)
         redis.call('HSET', jh, 'final', 1)
     end
     ev(j, 'submitted', '', '', 'accepted=' .. acc .. ' skipped=' .. skip, '0')
+    if so then
+        -- nothing to generate: the completions are the samples, recorded and queued to score
+        redis.call('HSET', jh, 'cursor', idx)
+        if #xq > 0 then
+            chunked('HSET', jk(j, 'res'), res, 4000)
+            chunked('RPUSH', jk(j, 'xq'), xq, 4000)
+            redis.call('HINCRBY', jh, 'generated', #xq)
+            ev_list(j, 'sample', xq, 'imported', '0')
+        end
+    end
     if ck ~= '' then
         redis.call('HSET', jk(j, 'chunks'), ck, acc .. ' ' .. skip .. ' ' .. idx)
     end
     if final == '1' then
         check_done(j, now)
     end
-    return {acc, skip, idx}
+    return {acc, skip, idx, #xq}
 end
 
--- create_submit now job_id idem_key spec name priority n score max_attempts tenant
+-- create_submit now job_id idem_key spec name priority n score max_attempts tenant score_only
 --               final count chunk_key xkinds {custom_id task_bytes n}*count
---   -> {job_id, existing(0|1), accepted, skipped, tasks}
+--   -> {job_id, existing(0|1), accepted, skipped, tasks, exec_added}
 -- The first chunk of a job creates it (or finds it by its idempotency key) in the same call.
 local function op_create_submit(a)
     local c = op_create(a)
     local b = {'submit', a[2], c[1]}
-    for i = 12, #a do
+    for i = 13, #a do
         b[#b + 1] = a[i]
     end
     local r = op_submit(b)
     if r.err then
         return r
     end
-    return {c[1], c[2], r[1], r[2], r[3]}
+    return {c[1], c[2], r[1], r[2], r[3], r[4]}
 end
 
 ------------------------------------------------------------------------------------------------
@@ -340,7 +398,8 @@ end
 ------------------------------------------------------------------------------------------------
 -- complete now ngroups {job kind count {task sample lease_id payload info}*count}*ngroups
 --   lease_id: set on a unit's last result ('' otherwise): the lease ends with it
---   info: gen "tokens failed(0|1|2: aborted, kept)", exec "correct(0|1) speedup status"
+--   info: gen "tokens failed(0|1|2: aborted, kept|3: after a keep_partial cancel, kept)",
+--         exec "correct(0|1) speedup status"
 --   -> {duplicates, discarded, invalid,
 --       {job done exec_added generated tokens scored correct requeued}*}
 --   requeued: gen units whose last result arrived while some of their samples have no record
@@ -423,6 +482,9 @@ local function commit_job(j, J, a, now)
                 elseif failed == '2' then
                     J.term = J.term + 1 -- aborted, kept for the client to resume (not scored)
                     add_ev('sample', 'aborted', '1', f)
+                elseif failed == '3' then
+                    J.term = J.term + 1 -- came in after a keep_partial cancel (not scored)
+                    add_ev('sample', 'cancelled', '1', f)
                 elseif J.score then
                     J.xq[#J.xq + 1] = f
                     add_ev('sample', '', '0', f)
@@ -475,15 +537,16 @@ local function op_complete(a)
         local J = jobs[j]
         if not J then
             local v = redis.call('HMGET', jk(j), 'state', 'score', 'tasks', 'n', 'tn_any',
-                                 'dead')
+                                 'dead', 'partial')
             J = {st = v[1], score = (v[2] == '1'), tasks = num(v[3], 0), n = num(v[4], 1),
-                 tn_any = v[5], anydead = num(v[6], 0) > 0, gen = 0, failed = 0, term = 0,
-                 tok = 0, scored = 0, correct = 0, spd = 0, xq = {}, items = {}, kinds = {},
-                 ended = {}, inbatch = {}, requeued = 0}
+                 tn_any = v[5], anydead = num(v[6], 0) > 0, partial = v[7] == '1',
+                 gen = 0, failed = 0, term = 0, tok = 0, scored = 0, correct = 0, spd = 0,
+                 xq = {}, items = {}, kinds = {}, ended = {}, inbatch = {}, requeued = 0}
             jobs[j] = J
             order[#order + 1] = j
         end
-        local is_live = live(J.st)
+        -- a job cancelled with keep_partial still records what its gen units send back
+        local is_live = live(J.st) or (kind == 'g' and J.partial and J.st == 'cancelled')
         for b = i, i + 5 * (cnt - 1), 5 do
             local t = num(a[b], -1)
             if a[b + 2] ~= '' then
@@ -745,9 +808,11 @@ local function op_renew(a)
     return out
 end
 
--- cancel now job lid* -> units that will not run
+-- cancel now job keep_partial lid* -> units that will not run
+-- keep_partial '1': the gen leases given stay (their units send back what they have, which
+-- `complete` records: field `partial` of the job) and are not counted.
 local function op_cancel(a)
-    local now, j = a[2], a[3]
+    local now, j, partial = a[2], a[3], a[4] == '1'
     local jh = jk(j)
     local v = redis.call('HMGET', jh, 'state', 'tasks', 'cursor')
     if not v[1] then
@@ -759,8 +824,13 @@ local function op_cancel(a)
     local n = math.max(0, num(v[2], 0) - num(v[3], 0))
     n = n + redis.call('LLEN', jk(j, 'retry')) + redis.call('LLEN', jk(j, 'xq'))
     redis.call('DEL', jk(j, 'retry'), jk(j, 'xq'))
-    for i = 4, #a do
-        n = n + redis.call('ZREM', LEASES, a[i])
+    for i = 5, #a do
+        if not (partial and string.sub(a[i], 1, 2) == 'g.') then
+            n = n + redis.call('ZREM', LEASES, a[i])
+        end
+    end
+    if partial then
+        redis.call('HSET', jh, 'partial', 1)
     end
     redis.call('HSET', jh, 'state', 'cancelled', 'finished_ms', now, 'cursor', num(v[2], 0))
     redis.call('SREM', ACTIVE, j)

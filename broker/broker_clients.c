@@ -64,6 +64,10 @@ static int s_create_args(broker_t *b, Anvil__JobSpec *spec, char job_id[ANV_ID_S
     }
     if (spec->n > 4096)
         return ANV_ETOOBIG;
+    if (spec->has_score_only && spec->score_only) {
+        spec->has_score = 1; /* re-scoring is scoring */
+        spec->score = 1;
+    }
     if (!spec->has_max_attempts || spec->max_attempts == 0) {
         spec->has_max_attempts = 1;
         spec->max_attempts = (uint32_t)b->cfg.max_attempts;
@@ -87,6 +91,7 @@ static int s_create_args(broker_t *b, Anvil__JobSpec *spec, char job_id[ANV_ID_S
     broker_args_str(b->args, spec->score ? "1" : "0");
     broker_args_int(b->args, spec->max_attempts);
     broker_args_str(b->args, spec->tenant);
+    broker_args_str(b->args, spec->has_score_only && spec->score_only ? "1" : "0");
     return 0;
 }
 
@@ -107,21 +112,84 @@ static void s_created(broker_t *b, const Anvil__JobSpec *spec, const char *job_i
               spec->name ? spec->name : "", spec->priority, spec->n, spec->score);
 }
 
+/* A chunk's tasks fit its job: a score-only job's tasks each carry 1 to 4096 completions,
+   other jobs' tasks none. Returns 0 or ANV_EFORMAT with the reason in why. */
+static int s_check_tasks(const Anvil__SubmitRequest *req, bool score_only, char *why, size_t len)
+{
+    for (size_t i = 0; i < req->n_tasks; i++) {
+        const Anvil__Task *t = req->tasks[i];
+        if (score_only && (t->n_completions == 0 || t->n_completions > 4096)) {
+            snprintf(why, len, "task %zu of the chunk: a score-only task needs 1 to 4096 "
+                               "completions (it has %zu)", i, t->n_completions);
+            return ANV_EFORMAT;
+        }
+        if (!score_only && t->n_completions) {
+            snprintf(why, len, "task %zu of the chunk carries completions, which only a "
+                               "score-only job takes", i);
+            return ANV_EFORMAT;
+        }
+    }
+    return 0;
+}
+
+/* The samples of a score-only task: sample k is completion k, packed (the script adds the
+   task index and job id). Appends the buffers to *bufs (grown) and their arguments. */
+static int s_completion_args(broker_t *b, const Anvil__Task *t, uint8_t ***bufs, size_t *nb,
+                             size_t *cap)
+{
+    for (size_t k = 0; k < t->n_completions; k++) {
+        Anvil__Sample sm = ANVIL__SAMPLE__INIT;
+        sm.has_sample_index = 1;
+        sm.sample_index = (uint32_t)k;
+        sm.custom_id = t->custom_id;
+        sm.text = t->completions[k];
+        sm.has_n_tokens = 1;
+        sm.n_tokens = 0;
+        if (*nb == *cap) {
+            size_t c = *cap ? *cap * 2 : 64;
+            uint8_t **nbufs = realloc(*bufs, c * sizeof *nbufs);
+            if (!nbufs)
+                return -ENOMEM;
+            *bufs = nbufs;
+            *cap = c;
+        }
+        size_t len = anvil__sample__get_packed_size(&sm);
+        uint8_t *p = malloc(len ? len : 1);
+        if (!p)
+            return -ENOMEM;
+        anvil__sample__pack(&sm, p);
+        (*bufs)[(*nb)++] = p;
+        broker_args_bin(b->args, p, len);
+    }
+    return 0;
+}
+
 static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRequest *req)
 {
     char job_id[ANV_ID_SIZE] = "";
     bool existing = false;
     int rc = 0;
-    uint8_t **bufs = NULL, *spec_buf = NULL;
-    size_t *lens = NULL, spec_len = 0;
+    uint8_t **bufs = NULL, *spec_buf = NULL, **sbufs = NULL;
+    size_t *lens = NULL, spec_len = 0, n_sbufs = 0, cap_sbufs = 0;
     redisReply *r = NULL;
-    bool strict = b->cfg.strict;
+    bool strict = b->cfg.strict, score_only = false;
+    char why[200] = "";
     /* the first chunk of a new job creates it in the same script call (one round trip) */
     bool create = req->spec && !(req->job_id && req->job_id[0]);
     if (req->n_tasks > 100000) {
         rc = ANV_ETOOBIG;
         goto out;
     }
+    if (create) {
+        score_only = req->spec->has_score_only && req->spec->score_only;
+    } else if (s_valid_job_id(req->job_id)) {
+        broker_job_t *j = zhashx_lookup(b->jobs, req->job_id);
+        if (!j && broker_sched_load(b, req->job_id) == 0)
+            j = zhashx_lookup(b->jobs, req->job_id);
+        score_only = j && j->spec && j->spec->has_score_only && j->spec->score_only;
+    }
+    if ((rc = s_check_tasks(req, score_only, why, sizeof why)) != 0)
+        goto out;
     if (create) {
         strict = strict || req->spec->durability == ANVIL__DURABILITY__DURABILITY_STRICT;
         /* settings can change at runtime (CONFIG SET): look again for each strict job */
@@ -184,23 +252,32 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
     for (size_t i = 0; i < req->n_tasks; i++) {
         Anvil__Task *t = req->tasks[i];
         t->has_index = 0;
+        /* a score-only task is stored without its completions: they become its samples */
+        size_t n_comp = t->n_completions;
+        char **comp = t->completions;
+        t->n_completions = 0;
         lens[i] = anvil__task__get_packed_size(t);
         bufs[i] = malloc(lens[i] ? lens[i] : 1);
+        if (bufs[i])
+            anvil__task__pack(t, bufs[i]);
+        t->n_completions = n_comp;
+        t->completions = comp;
         if (!bufs[i]) {
             rc = -ENOMEM;
             goto out;
         }
-        anvil__task__pack(t, bufs[i]);
         broker_args_str(b->args, t->custom_id);
         broker_args_bin(b->args, bufs[i], lens[i]);
-        broker_args_int(b->args, t->has_n ? t->n : 0);
+        broker_args_int(b->args, score_only ? (int64_t)n_comp : t->has_n ? t->n : 0);
+        if (score_only && (rc = s_completion_args(b, t, &sbufs, &n_sbufs, &cap_sbufs)) != 0)
+            goto out;
     }
     rc = broker_store_call(b->store, b->args, &r);
     if (rc == ANV_EREDIS)
         broker_redis_failed(b, "submit");
     if (rc != 0)
         goto out;
-    size_t at = 0; /* create_submit replies {job, existing, accepted, skipped, tasks} */
+    size_t at = 0; /* create_submit replies {job, existing, accepted, skipped, tasks, xq} */
     if (create) {
         snprintf(job_id, sizeof job_id, "%s", broker_reply_str(r, 0, NULL));
         existing = broker_reply_int(r, 1, 0) == 1;
@@ -213,7 +290,10 @@ static void s_on_submit(broker_t *b, zframe_t *id, uint64_t rid, Anvil__SubmitRe
     int64_t acc = broker_reply_int(r, at, 0), skip = broker_reply_int(r, at + 1, 0);
     broker_job_t *j = zhashx_lookup(b->jobs, job_id);
     if (j && acc > 0) {
-        j->ready_fresh += acc;
+        if (score_only)
+            j->ready_exec += broker_reply_int(r, at + 3, 0);
+        else
+            j->ready_fresh += acc;
         j->live = true;
         j->xkinds |= xkinds;
     } else if (!j && acc > 0) {
@@ -240,9 +320,13 @@ out:
         s_error(b, id, rid, rc, rc == ANV_EPROTO ? "submit needs a spec or a job id" :
                 rc == ANV_ETOOBIG ? "chunk or n too large" :
                 rc == ANV_EUNSUPPORTED ? "strict durability needs WAITAOF (redis >= 7.2) or "
-                                         "appendfsync always" : broker_store_errstr(b->store));
+                                         "appendfsync always" :
+                why[0] ? why : broker_store_errstr(b->store));
     for (size_t i = 0; bufs && i < req->n_tasks; i++)
         free(bufs[i]);
+    for (size_t i = 0; i < n_sbufs; i++)
+        free(sbufs[i]);
+    free(sbufs);
     free(bufs);
     free(lens);
     free(spec_buf);
@@ -717,18 +801,82 @@ static void s_on_results(broker_t *b, zframe_t *id, uint64_t rid, Anvil__Results
 
 /* ---- cancel, retry, workers ------------------------------------------------------------ */
 
+static void s_cancel_reply(broker_t *b, zframe_t *id, uint64_t rid, uint64_t cancelled,
+                           bool partial, uint64_t n_partial)
+{
+    Anvil__Envelope env;
+    Anvil__CancelReply cr = ANVIL__CANCEL_REPLY__INIT;
+    anv_msg_init(&env);
+    cr.has_cancelled = 1;
+    cr.cancelled = cancelled;
+    cr.has_partial = partial;
+    cr.partial = n_partial;
+    env.body_case = ANVIL__ENVELOPE__BODY_CANCEL_REPLY;
+    env.cancel_reply = &cr;
+    s_reply(b, id, rid, &env);
+}
+
+static void s_cancel_destroy(void **item)
+{
+    broker_cancel_t *c = *item;
+    if (c) {
+        zframe_destroy(&c->identity);
+        free(c);
+    }
+    *item = NULL;
+}
+
+void broker_clients_cancel_destructor(zlistx_t *list)
+{
+    zlistx_set_destructor(list, s_cancel_destroy);
+}
+
+void broker_clients_on_partial(broker_t *b, const char *job_id, uint64_t n)
+{
+    for (broker_cancel_t *c = zlistx_first(b->cancels); c; c = zlistx_next(b->cancels))
+        if (!strcmp(c->job_id, job_id))
+            c->partial += n;
+}
+
+void broker_clients_check_cancels(broker_t *b, bool timeouts)
+{
+    int64_t now = anv_now_ms();
+    broker_cancel_t *c = zlistx_first(b->cancels);
+    while (c) {
+        void *cur = zlistx_cursor(b->cancels);
+        const broker_job_t *j = zhashx_lookup(b->jobs, c->job_id);
+        bool waiting = j && j->in_flight > 0;
+        for (size_t i = 0; !waiting && i < b->n_pending; i++)
+            waiting = !strcmp(b->pending[i].job_id, c->job_id); /* not committed yet */
+        bool late = timeouts && now >= c->deadline_ms;
+        if (late && waiting)
+            ANV_JWARN(c->job_id, "cancel: %lld units did not send their partial samples in "
+                                 "time; answering without them",
+                      (long long)(j ? j->in_flight : 0));
+        c = zlistx_next(b->cancels);
+        if (!waiting || late) {
+            broker_cancel_t *x = zlistx_handle_item(cur);
+            s_cancel_reply(b, x->identity, x->request_id, x->cancelled, true, x->partial);
+            broker_clients_on_job_events(b, x->job_id);
+            zlistx_delete(b->cancels, cur);
+        }
+    }
+}
+
 static void s_on_cancel(broker_t *b, zframe_t *id, uint64_t rid, Anvil__CancelRequest *req)
 {
     if (!s_valid_job_id(req->job_id)) {
         s_error(b, id, rid, ANV_ENOTFOUND, "no such job");
         return;
     }
+    bool partial = req->has_keep_partial && req->keep_partial;
     broker_commit(b);
     size_t cap = zhashx_size(b->leases) + 1, n = 0;
     broker_lease_t **ls = calloc(cap, sizeof *ls);
     broker_args_reset(b->args, "cancel");
     broker_args_int(b->args, anv_wall_ms());
     broker_args_str(b->args, req->job_id);
+    broker_args_str(b->args, partial ? "1" : "0");
     for (broker_lease_t *l = zhashx_first(b->leases); ls && l; l = zhashx_next(b->leases))
         if (!strcmp(l->job_id, req->job_id)) {
             ls[n++] = l;
@@ -743,39 +891,53 @@ static void s_on_cancel(broker_t *b, zframe_t *id, uint64_t rid, Anvil__CancelRe
     }
     uint64_t cancelled = r->type == REDIS_REPLY_INTEGER ? (uint64_t)r->integer : 0;
     freeReplyObject(r);
-    /* tell each worker holding units of the job to abandon them */
+    broker_job_t *j = zhashx_lookup(b->jobs, req->job_id);
+    if (j) {
+        j->live = false;
+        j->partial = partial;
+    }
+    /* tell each worker holding units of the job to abandon them; with keep_partial, gen
+       workers send back what they have and the gen leases stay until it is in */
     zhashx_t *told = zhashx_new();
+    size_t kept = 0;
     for (size_t i = 0; i < n; i++) {
         broker_worker_t *w = ls[i]->worker;
+        bool keep = partial && ls[i]->kind == 'g' && w;
         if (w && !zhashx_lookup(told, w->ident_key)) {
             zhashx_insert(told, w->ident_key, w);
             Anvil__Envelope env;
             Anvil__CancelUnits cu = ANVIL__CANCEL_UNITS__INIT;
             anv_msg_init(&env);
             cu.job_id = req->job_id;
+            cu.has_keep_partial = keep;
+            cu.keep_partial = keep;
             env.body_case = ANVIL__ENVELOPE__BODY_CANCEL_UNITS;
             env.cancel_units = &cu;
             if (broker_send_worker(b, w, &env) == 0)
                 b->m.cancels_sent++;
         }
-        broker_lease_forget(b, ls[i]);
+        if (keep)
+            kept++;
+        else
+            broker_lease_forget(b, ls[i]);
     }
     zhashx_destroy(&told);
     free(ls);
-    broker_job_t *j = zhashx_lookup(b->jobs, req->job_id);
-    if (j)
-        j->live = false;
     b->m.jobs_cancelled++;
-    ANV_JINFO(req->job_id, "job cancelled: %llu units will not run", (unsigned long long)cancelled);
-    Anvil__Envelope env;
-    Anvil__CancelReply cr = ANVIL__CANCEL_REPLY__INIT;
-    anv_msg_init(&env);
-    cr.has_cancelled = 1;
-    cr.cancelled = cancelled;
-    env.body_case = ANVIL__ENVELOPE__BODY_CANCEL_REPLY;
-    env.cancel_reply = &cr;
-    s_reply(b, id, rid, &env);
-    broker_clients_on_job_events(b, req->job_id);
+    ANV_JINFO(req->job_id, "job cancelled: %llu units will not run%s",
+              (unsigned long long)cancelled, kept ? ", waiting for partial samples" : "");
+    broker_cancel_t *c = kept ? calloc(1, sizeof *c) : NULL;
+    if (!c) {
+        s_cancel_reply(b, id, rid, cancelled, partial, 0);
+        broker_clients_on_job_events(b, req->job_id);
+        return;
+    }
+    c->identity = zframe_dup(id);
+    c->request_id = rid;
+    snprintf(c->job_id, sizeof c->job_id, "%s", req->job_id);
+    c->cancelled = cancelled;
+    c->deadline_ms = anv_now_ms() + (req->has_partial_wait_ms ? req->partial_wait_ms : 10000);
+    zlistx_add_end(b->cancels, c);
 }
 
 static void s_on_retry(broker_t *b, zframe_t *id, uint64_t rid, Anvil__RetryRequest *req)
@@ -854,10 +1016,40 @@ static void s_on_workers(broker_t *b, zframe_t *id, uint64_t rid)
 
 /* ---- weights --------------------------------------------------------------------------- */
 
+/* anv:weights: the trainer's current version, kept across broker restarts */
+static void s_weights_store(broker_t *b, const char *dir)
+{
+    char v[24], ms[24];
+    snprintf(v, sizeof v, "%llu", (unsigned long long)b->weight_version);
+    snprintf(ms, sizeof ms, "%lld", (long long)anv_wall_ms());
+    const char *argv[] = {"HSET", "anv:weights", "version", v, "updated_ms", ms,
+                          "checkpoint_dir", dir ? dir : ""};
+    if (broker_store_cmd(b->store, NULL, dir ? 8 : 6, argv) != 0)
+        broker_redis_failed(b, "weights");
+}
+
+void broker_clients_load_weights(broker_t *b)
+{
+    const char *argv[] = {"HGET", "anv:weights", "version"};
+    redisReply *r = NULL;
+    if (broker_store_cmd(b->store, &r, 3, argv) == 0 && r->type == REDIS_REPLY_STRING) {
+        broker_weights_seen(b, strtoull(r->str, NULL, 10));
+        ANV_INFO("current weight version %llu (from redis)",
+                 (unsigned long long)b->weight_version);
+    }
+    if (r)
+        freeReplyObject(r);
+}
+
 static void s_weights_finish(broker_t *b, int code, const char *msg)
 {
     broker_weights_t *u = &b->weights;
     if (code) {
+        /* the update did not happen everywhere: the trainer's version stays the old one */
+        b->weight_version = u->prev_version;
+        b->has_weight_version = u->prev_has;
+        if (u->prev_has)
+            s_weights_store(b, NULL);
         s_error(b, u->identity, u->request_id, code, msg);
     } else {
         Anvil__Envelope env;
@@ -897,6 +1089,13 @@ static void s_on_update_weights(broker_t *b, zframe_t *id, uint64_t rid,
     u->deadline_ms = u->started_ms + 30 * 60 * 1000;
     u->waiting = zhashx_new();
     b->m.weights_updates++;
+    /* the trainer moved on now: from here, samples are judged against this version (staleness
+       bounds); a failed update puts the old one back */
+    u->prev_version = b->weight_version;
+    u->prev_has = b->has_weight_version;
+    b->weight_version = req->version;
+    b->has_weight_version = true;
+    s_weights_store(b, req->checkpoint_dir);
     for (broker_worker_t *w = zhashx_first(b->by_ident); w; w = zhashx_next(b->by_ident)) {
         if (w->kind != ANVIL__WORKER_KIND__WORKER_GEN)
             continue;

@@ -178,7 +178,7 @@ static broker_worker_t *s_pick_worker(broker_t *b, Anvil__WorkerKind kind,
 {
     broker_worker_t *best = NULL;
     for (broker_worker_t *w = zhashx_first(b->by_ident); w; w = zhashx_next(b->by_ident)) {
-        if (w->kind != kind || broker_worker_credit(w) == 0 || !broker_worker_fits(w, job))
+        if (w->kind != kind || broker_worker_credit(w) == 0 || !broker_worker_fits(b, w, job))
             continue;
         if (!best)
             best = w;
@@ -309,6 +309,7 @@ static int s_send_unit(broker_t *b, broker_worker_t *w, broker_job_t *job, const
     int rc = 0;
     uint32_t idx_buf[64], *idx = idx_buf;
     Anvil__Sample *sample = NULL;
+    char *whole = NULL;
     if (x->kind[0] == 'g') {
         Anvil__GenUnit gu = ANVIL__GEN_UNIT__INIT;
         Anvil__SamplingParams sp;
@@ -362,6 +363,19 @@ static int s_send_unit(broker_t *b, broker_worker_t *w, broker_job_t *job, const
         eu.sample_index = x->sample;
         eu.ref = task->ref;
         eu.completion = sample->text;
+        if (task->resume_text && task->resume_text[0]) {
+            /* a resumed sample: its text is the continuation; score the whole completion */
+            const char *tail = sample->text ? sample->text : "";
+            size_t a = strlen(task->resume_text), t = strlen(tail);
+            if (!(whole = malloc(a + t + 1))) {
+                rc = -ENOMEM;
+                *why = "out of memory";
+                goto out;
+            }
+            memcpy(whole, task->resume_text, a);
+            memcpy(whole + a, tail, t + 1);
+            eu.completion = whole;
+        }
         eu.scoring = spec ? spec->scoring : NULL;
         eu.has_attempt = 1;
         eu.attempt = x->attempt;
@@ -375,6 +389,7 @@ static int s_send_unit(broker_t *b, broker_worker_t *w, broker_job_t *job, const
     if (rc != 0)
         *why = rc == -EAGAIN ? "worker pipe full" : "worker unreachable";
 out:
+    free(whole);
     if (idx != idx_buf)
         free(idx);
     if (sample)
@@ -388,7 +403,7 @@ static bool s_reserve(broker_t *b, Anvil__WorkerKind kind, const broker_job_t *j
 {
     broker_worker_t *best = NULL;
     for (broker_worker_t *w = zhashx_first(b->by_ident); w; w = zhashx_next(b->by_ident))
-        if (w->kind == kind && w->round_credit > 0 && broker_worker_fits(w, j) &&
+        if (w->kind == kind && w->round_credit > 0 && broker_worker_fits(b, w, j) &&
             (!best || w->round_credit > best->round_credit))
             best = w;
     if (best)
@@ -579,12 +594,18 @@ static void s_invalid(broker_t *b, const char *what, const char *lease)
     }
 }
 
-/* a unit's sample arrived: update the in-memory lease; true when the unit is complete */
-static bool s_lease_progress(broker_t *b, const char *lease_id, bool last)
+/* a unit's sample arrived: update the in-memory lease; true when the unit is complete.
+   `dropped`: this sample is not recorded. *redo (may be NULL) is set at the unit's end when
+   some sample of it was not recorded: the unit must go back to its queue. */
+static bool s_lease_progress(broker_t *b, const char *lease_id, bool last, bool dropped,
+                             bool *redo)
 {
     broker_lease_t *l = zhashx_lookup(b->leases, lease_id);
+    if (redo)
+        *redo = dropped;
     if (!l)
         return last;
+    l->redo = l->redo || dropped;
     if (l->remaining > 0) {
         l->remaining--;
         if (l->worker) {
@@ -597,6 +618,8 @@ static bool s_lease_progress(broker_t *b, const char *lease_id, bool last)
             last = true;
     }
     if (last) {
+        if (redo)
+            *redo = l->redo;
         broker_hist_add(&b->m.unit_rtt, (anv_now_ns() - l->sent_ns) / 1000);
         broker_lease_forget(b, l);
     }
@@ -614,17 +637,27 @@ void broker_on_gen_result(broker_t *b, broker_worker_t *w, Anvil__GenResult *r)
     }
     Anvil__Sample *sm = r->sample;
     const broker_job_t *jb = zhashx_lookup(b->jobs, job);
+    bool is_last = r->has_last && r->last, redo = false;
+    const char *ids[1] = {r->lease_id};
+    /* a job cancelled with keep_partial records whatever its units send back */
+    bool partial = jb && jb->partial;
     /* a job with keep_aborted records aborted samples (tokens so far) for the client to resume */
-    bool keep = sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ABORTED && jb && jb->spec &&
-                jb->spec->has_keep_aborted && jb->spec->keep_aborted;
-    if (!keep && (sm->finish_reason == ANVIL__FINISH_REASON__FINISH_CANCELLED ||
-                  sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ABORTED)) {
+    bool keep = partial || (sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ABORTED && jb &&
+                            jb->spec && jb->spec->has_keep_aborted && jb->spec->keep_aborted);
+    bool aborted = sm->finish_reason == ANVIL__FINISH_REASON__FINISH_CANCELLED ||
+                   sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ABORTED;
+    /* beyond the job's staleness bound (its first token is from a version more than
+       max_weight_lag behind the current one): generated again on current weights */
+    bool stale = !keep && !aborted && sm->finish_reason != ANVIL__FINISH_REASON__FINISH_ERROR &&
+                 broker_job_stale(b, jb, sm->has_weight_version ? sm->weight_version : 0);
+    if (stale)
+        b->m.results_stale++;
+    if (stale || (!keep && aborted)) {
         /* not a result: the unit goes back to the queue when it ends */
         b->m.results_discarded++;
-        if (s_lease_progress(b, r->lease_id, r->has_last && r->last)) {
-            const char *ids[1] = {r->lease_id};
-            broker_release(b, ids, 1, false, false, "aborted by the worker");
-        }
+        if (s_lease_progress(b, r->lease_id, is_last, true, NULL))
+            broker_release(b, ids, 1, false, false,
+                           stale ? "stale samples generated again" : "aborted by the worker");
         return;
     }
     broker_pending_t *p = s_pending_add(b);
@@ -654,10 +687,21 @@ void broker_on_gen_result(broker_t *b, broker_worker_t *w, Anvil__GenResult *r)
     p->task = t;
     p->sample = sm->sample_index;
     snprintf(p->lease_id, sizeof p->lease_id, "%s", r->lease_id);
-    /* second field: 0 generated, 1 failed, 2 aborted and kept (final, not scored) */
+    /* second field: 0 generated, 1 failed, 2 aborted and kept (final, not scored), 3 came
+       back after a keep_partial cancel (final, not scored) */
     snprintf(p->info, sizeof p->info, "%zu %d", sm->n_token_ids,
-             sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ERROR ? 1 : keep ? 2 : 0);
-    p->last = s_lease_progress(b, r->lease_id, r->has_last && r->last);
+             sm->finish_reason == ANVIL__FINISH_REASON__FINISH_ERROR ? 1
+             : partial                                               ? 3
+             : keep                                                  ? 2
+                                                                     : 0);
+    p->last = s_lease_progress(b, r->lease_id, is_last, false, &redo);
+    if (p->last && redo && !partial) {
+        /* an earlier sample of the unit was dropped: the lease is not ended by this result's
+           commit but released after it, back to the retry queue (which leases only the
+           samples without a record) */
+        p->last = false;
+        broker_release(b, ids, 1, false, false, "samples of the unit generated again");
+    }
 }
 
 void broker_on_exec_done(broker_t *b, broker_worker_t *w, Anvil__ExecDone *r)
@@ -702,7 +746,7 @@ void broker_on_exec_done(broker_t *b, broker_worker_t *w, Anvil__ExecDone *r)
              er->status == ANVIL__EXEC_STATUS__EXEC_CORRECT ? 1 : 0,
              er->has_speedup ? er->speedup : 0.0, ev ? ev->name : "EXEC_NONE");
     p->last = true;
-    s_lease_progress(b, r->lease_id, true);
+    s_lease_progress(b, r->lease_id, true, false, NULL);
 }
 
 void broker_on_unit_failed(broker_t *b, broker_worker_t *w, Anvil__UnitFailed *r)
@@ -835,6 +879,8 @@ int broker_commit(broker_t *b)
                 ANV_JWARN(jid, "%lld unit(s) ended with samples unrecorded: re-queued",
                           (long long)again);
             }
+            if (j && j->partial)
+                broker_clients_on_partial(b, jid, (uint64_t)broker_reply_int(e, 3, 0));
             if (j) {
                 j->ready_exec += broker_reply_int(e, 2, 0);
                 j->ready_retry += again;

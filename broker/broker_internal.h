@@ -38,6 +38,7 @@ typedef struct broker_job_t {
     uint8_t *sampling_pb;     /* spec->sampling packed (len 0 when none), for broker_wire */
     size_t sampling_len;
     bool blocked;             /* no fitting worker has credit left (this dispatch round) */
+    bool partial;             /* cancelled with keep_partial: gen results still recorded */
 } broker_job_t;
 
 typedef struct broker_worker_t {
@@ -72,6 +73,8 @@ struct broker_lease_t {
     uint32_t remaining;       /* samples still to come (gen) */
     uint32_t tokens_per_sample;
     int64_t sent_ns;
+    bool redo;                /* a sample of the unit was not recorded (stale, aborted): the
+                                 unit goes back to the queue when it ends */
     broker_lease_t *prev, *next;
 };
 
@@ -114,14 +117,24 @@ typedef struct {
     uint64_t client_requests, client_errors, client_unhandled, worker_unhandled;
     uint64_t redis_errors, commit_retries, cancels_sent, weights_updates;
     uint64_t samples_generated, tokens_generated, evals_done, evals_correct; /* recorded */
-    uint64_t http_requests;
+    uint64_t http_requests, results_stale;
     broker_hist_t unit_rtt;   /* lease sent -> last result received */
 } broker_metrics_t;
+
+/* a CANCEL with keep_partial, answered once the job's gen units sent back what they had */
+typedef struct {
+    zframe_t *identity;
+    uint64_t request_id;
+    char job_id[ANV_ID_SIZE];
+    uint64_t cancelled, partial;
+    int64_t deadline_ms;
+} broker_cancel_t;
 
 typedef struct {
     bool active;
     zframe_t *identity;
-    uint64_t request_id, version;
+    uint64_t request_id, version, prev_version;
+    bool prev_has;
     int64_t started_ms, deadline_ms;
     zhashx_t *waiting;        /* worker ids still to report */
     uint32_t loaded;
@@ -143,6 +156,12 @@ struct broker_t {
     size_t n_pending, cap_pending;
     zlistx_t *watches;        /* broker_watch_t (owned) */
     broker_weights_t weights;
+    /* the trainer's weight version: the last UPDATE_WEIGHTS (anv:weights), at least the
+       highest a gen worker reported; the staleness bound (JobSpec.max_weight_lag) counts
+       from it */
+    uint64_t weight_version;
+    bool has_weight_version;
+    zlistx_t *cancels;        /* broker_cancel_t (owned): keep_partial cancels waiting */
     int64_t redis_retry_ms;   /* no Redis calls before this (backoff while it is down) */
     int64_t next_tick_ms;
     bool dispatch_blocked;
@@ -182,7 +201,12 @@ uint32_t broker_worker_credit(const broker_worker_t *w);
 /* True when worker w may run units of job j (may be NULL: any job): a gen worker must serve the
    model the job names (if it names one), an exec worker must score every task kind the job
    has (if it lists kinds at all). Capability names of the kinds: broker_kind_capability(). */
-bool broker_worker_fits(const broker_worker_t *w, const broker_job_t *j);
+bool broker_worker_fits(const broker_t *b, const broker_worker_t *w, const broker_job_t *j);
+/* The job's staleness bound applies and `version` is beyond it (older than the broker's
+   current version minus max_weight_lag). */
+bool broker_job_stale(const broker_t *b, const broker_job_t *j, uint64_t version);
+/* Raises the current weight version to at least v (a gen worker reports it). */
+void broker_weights_seen(broker_t *b, uint64_t v);
 /* "kernelbench", "tritonbench-g", "tritonbench-t" for the task kinds, NULL for others */
 const char *broker_kind_capability(int kind);
 /* Attaches or detaches a lease from its worker, keeping in_flight and load in step. */
@@ -223,6 +247,13 @@ void broker_clients_tick(broker_t *b, int64_t now_ms);
 void broker_clients_on_job_events(broker_t *b, const char *job_id);
 void broker_clients_on_weights_loaded(broker_t *b, broker_worker_t *w, Anvil__WeightsLoaded *wl);
 void broker_clients_watch_destructor(zlistx_t *list);
+void broker_clients_cancel_destructor(zlistx_t *list);
+/* Answers keep_partial cancels whose units are all back (or whose wait is over). */
+void broker_clients_check_cancels(broker_t *b, bool timeouts);
+/* Counts partial samples recorded for a job a keep_partial cancel waits on. */
+void broker_clients_on_partial(broker_t *b, const char *job_id, uint64_t n);
+/* Reads the current weight version from anv:weights (start-up). */
+void broker_clients_load_weights(broker_t *b);
 /* Fills st from the job's hash (strings point into *h, which the caller frees). Returns 0,
    ANV_ENOTFOUND or ANV_EREDIS. */
 int broker_clients_job_status(broker_t *b, const char *job_id, Anvil__JobStatus *st,

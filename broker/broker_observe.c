@@ -311,6 +311,8 @@ char *broker_observe_metrics(broker_t *b, size_t *len)
         {"results_duplicate_total", "Results already recorded (a retried unit).",
          m->results_duplicate},
         {"results_discarded_total", "Results of jobs no longer running.", m->results_discarded},
+        {"results_stale_total", "Samples beyond their job's staleness bound, generated again.",
+         m->results_stale},
         {"results_invalid_total", "Results naming a task or sample that does not exist.",
          m->results_invalid},
         {"leases_expired_total", "Leases that expired.", m->leases_expired},

@@ -92,12 +92,30 @@ static bool s_model_matches(const char *want, const char *have)
     return na && na == nb && !memcmp(a, b, na);
 }
 
-bool broker_worker_fits(const broker_worker_t *w, const broker_job_t *j)
+bool broker_job_stale(const broker_t *b, const broker_job_t *j, uint64_t version)
+{
+    if (!j || !j->spec || !j->spec->has_max_weight_lag || !b->has_weight_version)
+        return false;
+    uint64_t lag = j->spec->max_weight_lag;
+    return b->weight_version > lag && version < b->weight_version - lag;
+}
+
+void broker_weights_seen(broker_t *b, uint64_t v)
+{
+    if (!b->has_weight_version || v > b->weight_version) {
+        b->has_weight_version = true;
+        b->weight_version = v;
+    }
+}
+
+bool broker_worker_fits(const broker_t *b, const broker_worker_t *w, const broker_job_t *j)
 {
     if (!j)
         return true;
     if (w->kind == ANVIL__WORKER_KIND__WORKER_GEN)
-        return !j->spec || s_model_matches(j->spec->model, w->model);
+        /* a worker behind the job's staleness bound would only make samples to throw away */
+        return !j->spec || (s_model_matches(j->spec->model, w->model) &&
+                            !broker_job_stale(b, j, w->weight_version));
     return w->kinds == 0 || (j->xkinds & ~1u & ~w->kinds) == 0;
 }
 
@@ -313,6 +331,8 @@ static void s_on_ready(broker_t *b, zframe_t *identity, const char *key, Anvil__
     s_copy(w->model, sizeof w->model, r->model);
     w->gpu_index = r->has_gpu_index ? r->gpu_index : -1;
     w->weight_version = r->weight_version;
+    if (r->kind == ANVIL__WORKER_KIND__WORKER_GEN)
+        broker_weights_seen(b, w->weight_version);
     w->kv_tokens = r->kv_tokens;
     w->kinds = 0;
     for (size_t i = 0; i < r->n_capabilities; i++)

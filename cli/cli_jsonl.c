@@ -452,15 +452,52 @@ static int s_set_custom_id(const cJSON *o, bool required, uint64_t line, Anvil__
     return (task->custom_id = s_strdup(id)) ? 0 : -ENOMEM;
 }
 
+/* "completion": a string, or "completions": a list of 1 to 4096 strings (score-only jobs) */
+static int s_parse_completions(const cJSON *o, Anvil__Task *task, char *err, size_t errlen)
+{
+    const cJSON *one = cJSON_GetObjectItemCaseSensitive(o, "completion");
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(o, "completions");
+    if (one && list) {
+        snprintf(err, errlen, "give either 'completion' or 'completions', not both");
+        return ANV_EFORMAT;
+    }
+    if (!one && !list)
+        return 0;
+    if (one && !cJSON_IsString(one)) {
+        snprintf(err, errlen, "'completion' must be a string");
+        return ANV_EFORMAT;
+    }
+    int n = one ? 1 : cJSON_IsArray(list) ? cJSON_GetArraySize(list) : -1;
+    if (n <= 0 || n > 4096) {
+        snprintf(err, errlen, "'completions' must be a list of 1 to 4096 strings");
+        return ANV_EFORMAT;
+    }
+    if (!(task->completions = calloc((size_t)n, sizeof *task->completions)))
+        return -ENOMEM;
+    const cJSON *c = one ? one : list->child;
+    for (int i = 0; i < n; i++, c = c->next) {
+        if (!cJSON_IsString(c)) {
+            snprintf(err, errlen, "completions[%d] must be a string", i);
+            return ANV_EFORMAT;
+        }
+        if (!(task->completions[i] = s_strdup(c->valuestring)))
+            return -ENOMEM;
+        task->n_completions = (size_t)i + 1;
+    }
+    return 0;
+}
+
 static int s_parse_anvil(const cJSON *o, uint64_t line, Anvil__Task *task, char *err, size_t errlen)
 {
     static const char *const keys[] = {
         "custom_id", "prompt", "messages",      "task",         "n",        "temperature",
         "top_p",     "top_k",  "min_p",         "max_tokens",   "stop",     "stop_token_ids",
-        "seed",      "logprobs", "top_logprobs", "metadata",    NULL};
+        "seed",      "logprobs", "top_logprobs", "metadata",    "completion", "completions",
+        NULL};
     int rc;
     if ((rc = s_check_keys(o, "", keys, err, errlen)) ||
-        (rc = s_set_custom_id(o, false, line, task, err, errlen)))
+        (rc = s_set_custom_id(o, false, line, task, err, errlen)) ||
+        (rc = s_parse_completions(o, task, err, errlen)))
         return rc;
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(o, "prompt");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
@@ -468,7 +505,7 @@ static int s_parse_anvil(const cJSON *o, uint64_t line, Anvil__Task *task, char 
         snprintf(err, errlen, "give either 'prompt' or 'messages', not both");
         return ANV_EFORMAT;
     }
-    if (!prompt && !msgs) {
+    if (!prompt && !msgs && !task->n_completions) {
         snprintf(err, errlen, "missing 'prompt' or 'messages'");
         return ANV_EFORMAT;
     }
@@ -479,13 +516,20 @@ static int s_parse_anvil(const cJSON *o, uint64_t line, Anvil__Task *task, char 
         }
         if (!(task->prompt = s_strdup(prompt->valuestring)))
             return -ENOMEM;
-    } else if ((rc = s_parse_messages(msgs, task, err, errlen))) {
+    } else if (msgs && (rc = s_parse_messages(msgs, task, err, errlen))) {
         return rc;
     }
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(o, "task");
     if (ref && !cJSON_IsNull(ref) && (rc = s_parse_task_ref(ref, task, err, errlen)))
         return rc;
-    return s_parse_sampling(o, "max_tokens", NULL, task, err, errlen);
+    if ((rc = s_parse_sampling(o, "max_tokens", NULL, task, err, errlen)))
+        return rc;
+    if (task->n_completions && task->has_n && task->n != task->n_completions) {
+        snprintf(err, errlen, "'n' is %u but the line has %zu completion(s)", task->n,
+                 task->n_completions);
+        return ANV_EFORMAT;
+    }
+    return 0;
 }
 
 /* Body keys we accept but do not act on, when they hold their neutral value. */

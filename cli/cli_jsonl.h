@@ -12,8 +12,11 @@
 
     Anvil line: {"custom_id", "prompt" | "messages", "task": {kind, name, reference_code,
     test_code, extra}, "n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "stop",
-    "stop_token_ids", "seed", "logprobs", "top_logprobs", "metadata"}. custom_id defaults to
-    "line-<N>". OpenAI line: {"custom_id", "method", "url", "body": {"messages" | "prompt",
+    "stop_token_ids", "seed", "logprobs", "top_logprobs", "metadata", "completion" |
+    "completions"}. custom_id defaults to "line-<N>". A line with "completion" (a string) or
+    "completions" (1 to 4096 strings) carries existing completions to re-score (Task.completions,
+    for `anvil submit --score-only`); it needs no prompt, and "n", if given, must be their
+    count. OpenAI line: {"custom_id", "method", "url", "body": {"messages" | "prompt",
     "max_tokens" | "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed",
     "logprobs", "top_logprobs", ...}, "task"}. Unknown keys are errors (a typo in a sampling
     key must not be silently ignored); custom_ids must be unique within the file.

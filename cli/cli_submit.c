@@ -8,7 +8,9 @@
     and the broker skips tasks whose custom_id it already has, so re-running the same command
     after an interruption or a lost reply resumes the job and queues nothing twice; a chunk
     whose reply is lost is therefore simply sent again. The job id is printed (alone on stdout)
-    only when the broker reports the final chunk durable.
+    only when the broker reports the final chunk durable. With --score-only every line carries
+    existing completions ("completion" or "completions") and a task: nothing is generated, the
+    job (JobSpec.score_only) re-scores them.
 */
 #include "anv_error.h"
 #include "anv_id.h"
@@ -31,13 +33,25 @@ typedef struct {
     int64_t samples, max_tokens, top_k, seed, priority, chunk, max_attempts;
     double temperature, top_p, interval;
     char *name;
-    bool score, wait, skip_invalid, strict, raw;
+    bool score, wait, skip_invalid, strict, raw, score_only;
 } s_opts_t;
 
 typedef struct {
     uint64_t valid, invalid, samples;
     bool any_ref;
 } s_scan_t;
+
+/* What is wrong with a well-formed line in this mode (score-only or not), or NULL. */
+static const char *s_line_problem(const s_opts_t *o, const Anvil__Task *t)
+{
+    if (o->score_only && !t->n_completions)
+        return "--score-only needs a 'completion' or 'completions' on every line";
+    if (o->score_only && (!t->ref || t->ref->kind == ANVIL__TASK_KIND__TASK_KIND_NONE))
+        return "a completion needs a 'task' (kind and reference) to be scored against";
+    if (!o->score_only && t->n_completions)
+        return "the line carries completions: re-score them with --score-only";
+    return NULL;
+}
 
 /* Pass 1: every line. Prints the first errors; returns 0 or an exit code. */
 static int s_validate(const char *file, cli_jsonl_t *r, const s_opts_t *o, s_scan_t *scan)
@@ -46,9 +60,19 @@ static int s_validate(const char *file, cli_jsonl_t *r, const s_opts_t *o, s_sca
     int rc;
     memset(scan, 0, sizeof *scan);
     while ((rc = cli_jsonl_next(r, &t)) != 0) {
+        const char *why = rc == 1 ? s_line_problem(o, t) : NULL;
+        if (why) {
+            if (++scan->invalid <= S_SHOW_ERRORS)
+                fprintf(stderr, "%s: line %llu: %s\n", file,
+                        (unsigned long long)cli_jsonl_line(r), why);
+            cli_task_free(&t);
+            continue;
+        }
         if (rc == 1) {
             scan->valid++;
-            scan->samples += t->has_n ? t->n : (uint64_t)o->samples;
+            scan->samples += t->n_completions ? t->n_completions
+                             : t->has_n       ? t->n
+                                              : (uint64_t)o->samples;
             scan->any_ref = scan->any_ref ||
                             (t->ref && t->ref->kind != ANVIL__TASK_KIND__TASK_KIND_NONE);
             cli_task_free(&t);
@@ -92,6 +116,10 @@ static void s_spec(const s_opts_t *o, int argc, char **argv, bool default_score,
     spec->score = cli_opt_given(argc, argv, "score") ? o->score : default_score;
     spec->has_chat = true;
     spec->chat = !o->raw;
+    if (o->score_only) {
+        spec->has_score_only = spec->score_only = true;
+        spec->score = true;
+    }
     spec->has_created_ms = true;
     spec->created_ms = (uint64_t)anv_wall_ms();
     if (o->strict)
@@ -198,6 +226,10 @@ static int s_send_all(s_submit_t *s, cli_jsonl_t *r, const s_opts_t *o, uint64_t
         }
         if (got == ANV_EFORMAT)
             continue; /* reported and counted in the first pass */
+        if (got == 1 && s_line_problem(o, t)) {
+            cli_task_free(&t); /* reported and counted in the first pass */
+            continue;
+        }
         if (got == 1) {
             seen++;
             size_t sz = anvil__task__get_packed_size(t);
@@ -272,8 +304,11 @@ int cli_cmd_submit(int argc, char **argv)
          &o.max_attempts, false},
         {"chunk", ANV_CFG_INT, "1000", 1, 100000, "prompts per SUBMIT message", &o.chunk,
          false},
+        {"score-only", ANV_CFG_BOOL, NULL, 0, -1,
+         "re-score existing completions (each line: 'completion' or 'completions' and a "
+         "'task'); nothing is generated", &o.score_only, false},
     };
-    size_t n = 16;
+    size_t n = 17;
     cli_common_opts(&c, opts, &n);
     anv_cfg_rest_t rest;
     int code;

@@ -320,9 +320,12 @@ static void s_cancel(gen_worker_t *w, const Anvil__CancelUnits *cu)
             hit = cu->job_id && !strcmp(cu->job_id, u->job_id);
         }
         if (hit) {
-            u->cancelled = true; /* its samples are dropped as they come out */
+            /* its samples are dropped as they come out, or with keep_partial sent as they
+               are (FINISH_CANCELLED, the tokens so far) */
+            u->cancelled = !(cu->has_keep_partial && cu->keep_partial);
             eng_engine_cancel(w->eng, u->lease_id);
-            ANV_JINFO(u->job_id, "unit '%s' cancelled", u->lease_id);
+            ANV_JINFO(u->job_id, "unit '%s' cancelled%s", u->lease_id,
+                      u->cancelled ? "" : " (keeping its partial samples)");
         }
     }
     /* units of the job still in the backlog never started */
@@ -332,6 +335,9 @@ static void s_cancel(gen_worker_t *w, const Anvil__CancelUnits *cu)
         for (size_t k = 0; k < cu->n_lease_ids && !hit; k++)
             hit = !strcmp(cu->lease_ids[k], gu->lease_id);
         if (hit) {
+            if (cu->has_keep_partial && cu->keep_partial) /* the broker waits for it */
+                broker_client_send_unit_failed(w->bc, gu->lease_id, "cancelled before it started",
+                                               true);
             anv_msg_free(&w->backlog[i]);
             w->backlog[i--] = w->backlog[--w->n_backlog];
         }

@@ -213,34 +213,53 @@ static void test_worker_fits(void **state)
     broker_job_t j = {0};
     j.spec = &spec;
     broker_worker_t w = {0};
+    static broker_t b; /* only the weight version is read */
+    memset(&b, 0, sizeof b);
     w.kind = ANVIL__WORKER_KIND__WORKER_GEN;
     snprintf(w.model, sizeof w.model, "/models/AutoTriton-8B/");
-    assert_true(broker_worker_fits(&w, &j)); /* the job names no model */
-    assert_true(broker_worker_fits(&w, NULL));
+    assert_true(broker_worker_fits(&b, &w, &j)); /* the job names no model */
+    assert_true(broker_worker_fits(&b, &w, NULL));
     spec.model = "AutoTriton-8B";
-    assert_true(broker_worker_fits(&w, &j));
+    assert_true(broker_worker_fits(&b, &w, &j));
     spec.model = "/other/place/AutoTriton-8B";
-    assert_true(broker_worker_fits(&w, &j));
+    assert_true(broker_worker_fits(&b, &w, &j));
     spec.model = "AutoTriton";
-    assert_false(broker_worker_fits(&w, &j));
+    assert_false(broker_worker_fits(&b, &w, &j));
     spec.model = "/";
-    assert_false(broker_worker_fits(&w, &j));
+    assert_false(broker_worker_fits(&b, &w, &j));
     snprintf(w.model, sizeof w.model, "%s", "");
     spec.model = "x";
-    assert_false(broker_worker_fits(&w, &j));
+    assert_false(broker_worker_fits(&b, &w, &j));
+    /* staleness: a gen worker behind the job's bound gets none of its units */
+    spec.model = NULL;
+    spec.has_max_weight_lag = 1;
+    spec.max_weight_lag = 1;
+    w.weight_version = 3;
+    assert_true(broker_worker_fits(&b, &w, &j)); /* no current version known yet */
+    broker_weights_seen(&b, 5);
+    broker_weights_seen(&b, 4); /* never goes back */
+    assert_true(b.has_weight_version && b.weight_version == 5);
+    assert_false(broker_worker_fits(&b, &w, &j));
+    assert_true(broker_job_stale(&b, &j, 3) && !broker_job_stale(&b, &j, 4));
+    w.weight_version = 4;
+    assert_true(broker_worker_fits(&b, &w, &j));
+    spec.max_weight_lag = 0;
+    assert_false(broker_worker_fits(&b, &w, &j));
+    spec.has_max_weight_lag = 0; /* no bound: any version */
+    assert_true(broker_worker_fits(&b, &w, &j) && !broker_job_stale(&b, &j, 0));
     /* exec: every task kind of the job must be listed, unless the worker lists none */
     w.kind = ANVIL__WORKER_KIND__WORKER_EXEC;
     j.xkinds = 1u << ANVIL__TASK_KIND__TASK_KIND_KERNELBENCH;
     w.kinds = 0;
-    assert_true(broker_worker_fits(&w, &j));
+    assert_true(broker_worker_fits(&b, &w, &j));
     w.kinds = 1u << ANVIL__TASK_KIND__TASK_KIND_TRITONBENCH_G;
-    assert_false(broker_worker_fits(&w, &j));
+    assert_false(broker_worker_fits(&b, &w, &j));
     w.kinds |= 1u << ANVIL__TASK_KIND__TASK_KIND_KERNELBENCH;
-    assert_true(broker_worker_fits(&w, &j));
+    assert_true(broker_worker_fits(&b, &w, &j));
     j.xkinds |= 1u << ANVIL__TASK_KIND__TASK_KIND_TRITONBENCH_T;
-    assert_false(broker_worker_fits(&w, &j));
+    assert_false(broker_worker_fits(&b, &w, &j));
     j.xkinds = 1u << ANVIL__TASK_KIND__TASK_KIND_NONE; /* plain tasks need nothing */
-    assert_true(broker_worker_fits(&w, &j));
+    assert_true(broker_worker_fits(&b, &w, &j));
     assert_string_equal(broker_kind_capability(ANVIL__TASK_KIND__TASK_KIND_KERNELBENCH),
                         "kernelbench");
     assert_string_equal(broker_kind_capability(ANVIL__TASK_KIND__TASK_KIND_TRITONBENCH_G),

@@ -17,7 +17,20 @@ K groups, cancels its jobs, and keeps complete groups beyond K in `leftover`. Ab
 (a WEIGHTS_ABORT update, on a job with keep_aborted) come back with their tokens so far; the
 rollout continues each one in a resume job (Task.resume_token_ids: the worker extends the
 prompt with them and spends only the remaining max_tokens) and stitches the continuation on,
-so the group is delivered whole, its segments saying which version wrote which tokens.
+so the group is delivered whole, its segments saying which version wrote which tokens; the
+resume task carries the partial text too (Task.resume_text), so the broker scores the whole
+completion, and a continuation aborted again is resumed again.
+
+The broker enforces the staleness bound too (JobSpec.max_weight_lag): a sample whose first
+token is from a version more than max_weight_lag behind the current one (the last
+update_weights) when it comes back is generated again on current weights, and gen workers
+behind the bound get no units of the job. The client's check covers what the broker cannot
+see: groups completed before an update but delivered after it.
+
+cancel(keep_partial=True) (and Rollout.abort()) has the gen units in flight send back their
+samples so far (finish "cancelled"): they land in `partial` groups, resumable like aborted
+ones. score() is the reward-only path: existing completions, scored without generating (a
+score-only job), delivered as groups per item.
 """
 import asyncio
 import os
@@ -65,7 +78,8 @@ def _task_ref(d):
 def make_task(prompt, custom_id):
     """A pb.Task from a prompt: a string, a list of chat messages, or a dict with `prompt` or
     `messages` and optionally `custom_id`, `ref` (TaskRef fields, for scoring), `sampling`,
-    `n`."""
+    `n`, `resume_token_ids` + `resume_text` (continue a partial sample), or `completion` /
+    `completions` (existing completions to score: then no prompt is needed)."""
     t = pb.Task(custom_id=custom_id)
     d = prompt if isinstance(prompt, dict) else None
     if isinstance(prompt, str):
@@ -86,9 +100,16 @@ def make_task(prompt, custom_id):
             t.sampling.CopyFrom(_sampling(d["sampling"]))
         if d.get("n"):
             t.n = int(d["n"])
+        if d.get("resume_token_ids"):
+            t.resume_token_ids.extend(int(x) for x in d["resume_token_ids"])
+        if d.get("resume_text"):
+            t.resume_text = d["resume_text"]
+        if "completion" in d:
+            t.completions.append(d["completion"])
+        t.completions.extend(d.get("completions", ()))
     else:
         raise TypeError("a prompt is a str, a list of messages or a dict, not %r" % type(prompt))
-    if not t.prompt and not t.messages:
+    if not t.prompt and not t.messages and not t.completions:
         raise ValueError("prompt %r has neither text nor messages" % custom_id)
     return t
 
@@ -119,7 +140,8 @@ class Rollout:
     iteration does."""
 
     def __init__(self, client, prompts, n, sampling, score, scoring, want, max_weight_lag,
-                 on_stale, chat, name, priority, keep_aborted, resume_aborted, page_size):
+                 on_stale, chat, name, priority, keep_aborted, resume_aborted, page_size,
+                 score_only=False):
         if on_stale not in ("regenerate", "drop", "keep"):
             raise ValueError("on_stale is regenerate, drop or keep")
         self.client = client
@@ -137,17 +159,20 @@ class Rollout:
         self.keep_aborted = keep_aborted
         self.resume_aborted = resume_aborted
         self.page_size = page_size
+        self.score_only = score_only
         self.jobs = []
         self.ready = []                 # complete groups not yet delivered
         self.leftover = []              # complete groups beyond `want`
         self.dropped = []               # stale groups dropped (on_stale="drop")
         self.incomplete = []            # groups left partial by a cancelled/failed job
+        self.partial = []               # groups with samples cut short by cancel(keep_partial)
         self.delivered = 0
         self.regenerations = 0
         self.resumed_samples = 0
         self.cancelled_units = 0
         self._groups = {}               # prompt index -> Group being resumed
         self._regen = {}                # prompt index -> times regenerated
+        self._again = []                # (group index, sample) aborted again: resume anew
         self._started = False
         self._closed = False
 
@@ -164,6 +189,9 @@ class Rollout:
             spec.max_weight_lag = int(self.max_weight_lag)
         if self.keep_aborted:
             spec.keep_aborted = True
+        if self.score_only:
+            spec.score_only = True
+            spec.score = True
         return spec
 
     async def _submit(self, tasks, entries, n):
@@ -194,20 +222,23 @@ class Rollout:
         self.regenerations += len(groups)
         await self._submit(tasks, entries, self.n)
 
-    async def _resume(self, groups):
-        """One n=1 task per aborted sample: same prompt, resume_token_ids = tokens so far."""
-        tasks, entries = [], {}
+    async def _resume(self, groups, again=()):
+        """One n=1 task per aborted sample (of `groups`, and the (group index, sample) pairs in
+        `again`): same prompt, resume_token_ids = tokens so far, resume_text = their text."""
+        pairs = list(again)
         for g in groups:
             self._groups[g.index] = g
-            for s in g.samples:
-                if not s.aborted:
-                    continue
-                t = make_task(self.prompts[g.index], "p%d.s%d.c%d" % (g.index, s.sample_index,
-                                                                      len(s.segments)))
-                t.n = 1
-                t.resume_token_ids.extend(s.response_token_ids)
-                tasks.append(t)
-                entries[len(tasks) - 1] = ("resume", (g.index, s.sample_index))
+            pairs.extend((g.index, s) for s in g.samples if s.aborted)
+        tasks, entries = [], {}
+        for gi, s in pairs:
+            t = make_task(self.prompts[gi], "p%d.s%d.c%d" % (gi, s.sample_index,
+                                                             len(s.segments)))
+            t.n = 1
+            t.resume_token_ids.extend(s.response_token_ids)
+            if s.text:
+                t.resume_text = s.text
+            tasks.append(t)
+            entries[len(tasks) - 1] = ("resume", (gi, s.sample_index))
         if tasks:
             self.resumed_samples += len(tasks)
             await self._submit(tasks, entries, 1)
@@ -225,8 +256,8 @@ class Rollout:
             key = (ev.task_index, ev.sample_index)
             if ev.type == "sample":
                 job.gen_ms[key] = ms
-                # generation-only jobs, errors and aborted samples are final here
-                if not self.score or ev.detail in ("error", "aborted"):
+                # generation-only jobs, errors, aborted and cancelled samples are final here
+                if not self.score or ev.detail in ("error", "aborted", "cancelled"):
                     job.term_ms[key] = ms
                     terminal += 1
             elif ev.type in ("scored", "dead"):
@@ -282,6 +313,8 @@ class Rollout:
 
     def _n_of(self, i):
         p = self.prompts[i]
+        if self.score_only and isinstance(p, dict):
+            return len(p.get("completions", ())) + (1 if "completion" in p else 0)
         return int(p["n"]) if isinstance(p, dict) and p.get("n") else self.n
 
     def _custom_id(self, i):
@@ -305,9 +338,12 @@ class Rollout:
         s.finish_reason = cont.finish_reason
         s.text += cont.text
         s.error = cont.error
+        # scored by the broker on the whole text (resume_text + continuation)
         s.exec, s.exec_status, s.reward = cont.exec, cont.exec_status, cont.reward
         s.terminal_ms, s.generated_ms = cont.terminal_ms, cont.generated_ms
         s.worker_id = cont.worker_id
+        if s.aborted and self.resume_aborted:
+            self._again.append((gi, s))  # aborted again (another update): continue it anew
         if any(x.aborted for x in g.samples):
             return None
         del self._groups[gi]
@@ -316,8 +352,9 @@ class Rollout:
     async def _absorb(self, groups):
         """Routes complete groups: resume the aborted ones, queue the rest for delivery."""
         abort = [g for g in groups if self.resume_aborted and any(s.aborted for s in g.samples)]
-        if abort:
-            await self._resume(abort)
+        again, self._again = self._again, []
+        if abort or again:
+            await self._resume(abort, again)
         self.ready.extend(g for g in groups if g not in abort)
 
     async def _step(self):
@@ -381,23 +418,42 @@ class Rollout:
                 self._closed = True
                 raise StopAsyncIteration
 
-    async def cancel(self):
+    async def cancel(self, keep_partial=False):
         """Cancels every live job of the rollout; complete groups not yet delivered move to
-        `leftover`. The iterator then ends."""
+        `leftover`. The iterator then ends. With keep_partial, the samples in flight come back
+        with their tokens so far (finish "cancelled"): groups that hold any are in `partial`,
+        whole ones in `leftover`."""
         self._closed = True
+        cut = []
         for j in self.jobs:
             if j.watch is not None:
                 j.watch.cancel()
                 j.watch = None
             if not j.finished:
                 try:
-                    self.cancelled_units += await self.client.cancel(j.id)
+                    self.cancelled_units += await self.client.cancel(j.id, keep_partial)
+                    cut.append(j)
                 except AnvilError as e:
                     if e.code is None:
                         raise
                 j.state = pb.JOB_CANCELLED
+        for j in cut if keep_partial else ():
+            # the broker answered once the partial samples were recorded: read them
+            w = await self.client.watch(j.id, j.offset, block_ms=0)
+            self._note_events(j, w.events)
+            j.offset = w.last_offset or j.offset
+            for g in await self._pull_results(j):
+                if any(s.finish_reason == "cancelled" for s in g.samples):
+                    self.partial.append(g)
+                else:
+                    self.ready.append(g)
         self.leftover.extend(self.ready)
         self.ready = []
+
+    async def abort(self):
+        """cancel(keep_partial=True); returns the `partial` groups."""
+        await self.cancel(keep_partial=True)
+        return self.partial
 
     async def collect(self):
         """Every group, as a list (until `want` or the end of the jobs)."""
@@ -463,8 +519,19 @@ class AnvilClient:
                                 with_tokens=with_tokens)
         return await self.conn.request("results", req, "results_reply")
 
-    async def cancel(self, job_id):
-        rep = await self.conn.request("cancel", pb.CancelRequest(job_id=job_id), "cancel_reply")
+    async def cancel(self, job_id, keep_partial=False, partial_wait_ms=None):
+        """Cancels a job; returns the units that will not run. With keep_partial the gen units
+        in flight send back their samples so far (finish "cancelled", recorded as results), and
+        the reply comes once they are in (or after partial_wait_ms, default 10 s)."""
+        req = pb.CancelRequest(job_id=job_id)
+        wait_s = 0.0
+        if keep_partial:
+            req.keep_partial = True
+            if partial_wait_ms is not None:
+                req.partial_wait_ms = int(partial_wait_ms)
+            wait_s = (partial_wait_ms if partial_wait_ms is not None else 10000) / 1000.0
+        rep = await self.conn.request("cancel", req, "cancel_reply",
+                                      timeout_s=self.conn.timeout_s + wait_s)
         return rep.cancelled
 
     async def workers(self):
@@ -492,6 +559,24 @@ class AnvilClient:
             resume_aborted = keep_aborted
         return Rollout(self, prompts, n, sampling, score, scoring, want, max_weight_lag,
                        on_stale, chat, name, priority, keep_aborted, resume_aborted, page_size)
+
+    def score(self, items, scoring=None, *, name=None, priority=0, page_size=500):
+        """The reward-only path: re-scores existing completions without generating. Each item
+        is a dict with `completion` (a string) or `completions` (a list), `ref` (the TaskRef
+        fields: kind, name, reference_code, test_code) and optionally `custom_id` and
+        `prompt`. Returns a Rollout in score-only mode: an async iterator of one Group per
+        item (in completion order; group.index is the item's position), sample k scored from
+        completion k, with exec_status, reward and the exec record."""
+        items = list(items)
+        for i, it in enumerate(items):
+            if not isinstance(it, dict) or not it.get("ref"):
+                raise ValueError("score item %d needs a dict with 'ref' (the task to score "
+                                 "against)" % i)
+            k = len(it.get("completions", ())) + (1 if "completion" in it else 0)
+            if not 1 <= k <= 4096:
+                raise ValueError("score item %d needs 1 to 4096 completions, not %d" % (i, k))
+        return Rollout(self, items, 1, None, True, scoring, None, None, "keep", True, name,
+                       priority, False, False, page_size, score_only=True)
 
     async def update_weights(self, checkpoint_dir, version, policy="finish", timeout_s=1800.0,
                              min_workers=1):

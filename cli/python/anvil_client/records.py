@@ -54,6 +54,12 @@ class Sample:
     def aborted(self):
         return self.finish_reason == "aborted"
 
+    @property
+    def partial(self):
+        """Cut short (aborted by a weights update, or cancelled with keep_partial): its
+        tokens so far, resumable with resume_token_ids + resume_text."""
+        return self.finish_reason in ("aborted", "cancelled")
+
     @classmethod
     def from_pb(cls, s, e=None):
         resp = list(s.token_ids)
