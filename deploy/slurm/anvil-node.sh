@@ -224,12 +224,13 @@ head_role() {
     log "draining: waiting up to $((grace_s + 30))s for the workers to leave"
     local deadline=$((SECONDS + grace_s + 30)) n
     while [ $SECONDS -lt $deadline ]; do
+        # preemption signals every process at once: the broker may be gone already
+        kill -0 "$broker_pid" 2>/dev/null || { n="broker gone"; break; }
         n=$(live_workers)
         [ "$n" = 0 ] && break
-        [ -z "$n" ] && ! kill -0 "$broker_pid" 2>/dev/null && break
         sleep 1
     done
-    log "workers gone (${n:-broker not answering} registered): stopping the broker"
+    log "stopping the broker (workers still registered: ${n:-unknown})"
     kill -TERM "$broker_pid" 2>/dev/null
     wait "$broker_pid"
     local brc=$?
