@@ -135,6 +135,14 @@ start_redis() {
         [ $SECONDS -lt "$deadline" ] || { log "redis-server not ready"; return 1; }
         sleep 0.2
     done
+    # the PONG must be ours: another server on the port (a head left behind) is refused
+    local pid
+    pid=$("$bin/redis-cli" -p "$rport" info server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')
+    if [ "$pid" != "$redis_pid" ]; then
+        log "port $rport is served by another redis-server (pid ${pid:-?}): is another head running?"
+        kill -TERM "$redis_pid" 2>/dev/null
+        return 1
+    fi
 }
 
 start_broker() {

@@ -292,3 +292,95 @@ def test_exec_role_registers_and_drains(bundle, tmp_path):
         assert node.wait_exit("head") == 0, node.out("head")
     finally:
         node.close()
+
+
+# -- anvil.sbatch itself, with stand-ins for srun and scontrol ---------------------------------
+# Slurm is not installed here: `srun` runs its command on this machine (exec, so a signal to
+# the srun process reaches the role as srun would forward it) and `scontrol` lists three node
+# names and records requeue requests. Everything else is the real recipe, bundle and cluster.
+SRUN = """#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in --*) shift ;; *) break ;; esac; done
+exec "$@"
+"""
+SCONTROL = """#!/bin/sh
+case "$1" in
+show) printf '127.0.0.1\\nexecnode\\ngennode\\n' ;;
+requeue) echo "$2" >>"$ANVIL_TEST_REQUEUES" ;;
+*) exit 1 ;;
+esac
+"""
+
+
+def test_sbatch_time_limit_requeue_resume(bundle, slow_model, tmp_path):
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (shims / name).write_text(text)
+        (shims / name).chmod(0o755)
+    cdir = str(tmp_path / "cluster")
+    os.makedirs(cdir)
+    node = Node(bundle, cdir, slow_model)
+    requeues = tmp_path / "requeues"
+    venv = os.path.realpath(os.path.join(REPO, ".venv"))
+    env = dict(node.env, PATH=str(shims) + os.pathsep + os.environ["PATH"], SLURM_JOB_ID="42",
+               SLURM_JOB_NODELIST="test[0-2]", ANVIL_TEST_REQUEUES=str(requeues),
+               ANVIL_PYTHON=os.path.join(venv, "bin", "python"),
+               ANVIL_EXEC_ARGS="--ro-binds " + venv, ANVIL_JOB_NAME="sbatch-test")
+    prompts = str(tmp_path / "prompts.jsonl")
+    with open(prompts, "w") as f:
+        for i in range(PROMPTS):
+            f.write(json.dumps({"custom_id": "p%03d" % i,
+                                "prompt": "Write a Triton kernel for operation %d." % i}) + "\n")
+    sbatch = os.path.join(bundle, "share", "anvil", "slurm", "anvil.sbatch")
+    args = ["bash", sbatch, prompts, "--samples", str(SAMPLES), "--max-tokens", "128", "--no-score"]
+    outs = []
+
+    def run(restart):
+        out = open(str(tmp_path / ("sbatch.%d.out" % restart)), "wb")
+        outs.append(out.name)
+        return subprocess.Popen(args, stdout=out, stderr=out, start_new_session=True,
+                                env=dict(env, SLURM_RESTART_COUNT=str(restart)))
+
+    def text(i):
+        return open(outs[i], errors="replace").read()
+
+    procs = []
+    try:
+        procs.append(run(0))
+        env0 = node.cluster_env("42.0")
+        deadline = time.time() + 120
+        job = None
+        while True:
+            assert time.time() < deadline and procs[0].poll() is None, text(0)
+            m = [line for line in text(0).splitlines() if line.startswith("anvil.sbatch: job ")]
+            if m:
+                job = m[0].split()[2]
+                if node.status(env0, job).get("generated", 0) >= 2:
+                    break
+            time.sleep(0.2)
+        node.wait_workers(env0, 2)  # the gen and the exec worker
+        procs[0].send_signal(signal.SIGTERM)  # --signal=B:TERM@120: the batch shell only
+        assert procs[0].wait(120) == 0, text(0)
+        out0 = text(0)
+        assert out0.index("draining the workers") < out0.index("stopping the head") \
+            < out0.index("requeueing"), out0
+        assert requeues.read_text().split() == ["42"]
+        assert not os.path.exists(os.path.join(cdir, "results", "sbatch-test.jsonl"))
+
+        procs.append(run(1))  # the requeued run
+        assert procs[1].wait(300) == 0, text(1)
+        out1 = text(1)
+        assert "anvil.sbatch: job %s" % job in out1 and '"existing":true' in out1, out1
+        assert "requeueing" not in out1 and requeues.read_text().split() == ["42"]
+        with open(os.path.join(cdir, "results", "sbatch-test.jsonl")) as f:
+            res = [json.loads(line) for line in f if line.strip()]
+        keys = sorted((r["custom_id"], r["sample"]) for r in res)
+        assert keys == sorted(("p%03d" % i, s) for i in range(PROMPTS) for s in range(SAMPLES))
+        logs = glob.glob(os.path.join(cdir, "logs", "42.1", "*.log"))
+        assert any("-exec-cpu0" in p for p in logs) and any("-gen-cpu0" in p for p in logs), logs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        node.close()
