@@ -73,6 +73,9 @@ done
 mkdir -p "$dir/share/anvil/tools"
 cp "$repo/gen_worker/engine/tools/tiny_model.py" "$dir/share/anvil/tools/"
 [ -f "$repo/broker/redis.conf" ] && cp "$repo/broker/redis.conf" "$dir/share/anvil/"
+# the Slurm recipe runs from the bundle on every node (share/anvil/slurm/anvil-node.sh)
+mkdir -p "$dir/share/anvil/slurm"
+cp "$repo/deploy/slurm/anvil-node.sh" "$repo/deploy/slurm/anvil.sbatch" "$dir/share/anvil/slurm/"
 cp "$repo/README.md" "$dir/share/anvil/"
 git -C "$repo" rev-parse HEAD >"$dir/share/anvil/VERSION" 2>/dev/null || echo unknown >"$dir/share/anvil/VERSION"
 
