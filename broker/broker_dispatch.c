@@ -758,15 +758,20 @@ void broker_on_unit_failed(broker_t *b, broker_worker_t *w, Anvil__UnitFailed *r
         s_invalid(b, "unit failure", r->lease_id);
         return;
     }
-    b->m.units_failed++;
     bool retryable = !r->has_retryable || r->retryable;
-    ANV_JINFO(job, "unit '%s' failed on worker '%s' (%s): %s", r->lease_id, w ? w->id : "?",
+    /* a unit handed back for the worker's own reasons is not the unit's failure: no attempt
+       is charged (a draining worker's hand-backs used up attempts and dead-lettered units) */
+    bool handed_back = r->has_handed_back && r->handed_back && retryable;
+    ANV_JINFO(job, "unit '%s' %s worker '%s' (%s): %s", r->lease_id,
+              handed_back ? "handed back by" : "failed on", w ? w->id : "?",
               retryable ? "retryable" : "fatal", r->error ? r->error : "");
+    if (!handed_back)
+        b->m.units_failed++;
     broker_lease_t *l = zhashx_lookup(b->leases, r->lease_id);
     if (l)
         broker_lease_forget(b, l);
     const char *ids[1] = {r->lease_id};
-    broker_release(b, ids, 1, true, !retryable, r->error ? r->error : "unit failed");
+    broker_release(b, ids, 1, !handed_back, !retryable, r->error ? r->error : "unit failed");
 }
 
 /* The arguments of one "complete" call for pending[from .. from+k): results grouped by (job,

@@ -59,6 +59,7 @@ typedef struct broker_worker_t {
     /* what its last heartbeat reported (counters since the worker started) */
     uint64_t hb_tokens, hb_evals, hb_free_kv;
     bool hb_has_free_kv;
+    bool draining;            /* said so in a heartbeat: gets no new units */
 } broker_worker_t;
 
 struct broker_lease_t {

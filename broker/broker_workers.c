@@ -48,7 +48,7 @@ void broker_worker_destroy(broker_worker_t **self_p)
 
 uint32_t broker_worker_credit(const broker_worker_t *w)
 {
-    if (w->last_seen_ms == INT64_MIN)
+    if (w->last_seen_ms == INT64_MIN || w->draining)
         return 0;
     return w->slots > w->in_flight ? w->slots - w->in_flight : 0;
 }
@@ -433,6 +433,10 @@ static void s_on_heartbeat(broker_t *b, broker_worker_t *w, Anvil__Heartbeat *hb
     }
     if (hb->has_weight_version)
         w->weight_version = hb->weight_version;
+    if (hb->has_draining && hb->draining && !w->draining) {
+        w->draining = true;
+        ANV_INFO("worker '%s' is draining: no new units (%u in flight)", w->id, w->in_flight);
+    }
     if (hb->has_tokens_generated)
         w->hb_tokens = hb->tokens_generated;
     if (hb->has_evals_done)

@@ -102,9 +102,8 @@ static void s_take(broker_client_t *bc, s_queue_t *q, Anvil__Envelope *env, bool
 {
     if (env->body_case == ANVIL__ENVELOPE__BODY_EXEC_UNIT) {
         if (draining || q->n == S_QUEUE_MAX) {
-            broker_client_send_unit_failed(bc, env->exec_unit->lease_id,
-                                           draining ? "worker draining" : "worker queue full",
-                                           true);
+            broker_client_hand_back(bc, env->exec_unit->lease_id,
+                                    draining ? "worker draining" : "worker queue full");
             anv_msg_free(&env);
         } else {
             q->q[q->n++] = env;
@@ -160,10 +159,10 @@ int exec_serve_run(exec_scorer_t *sc, const exec_serve_cfg_t *cfg, const exec_sp
             env = broker_client_recv(bc, 0);
         }
         if (*stop) {
+            broker_client_drain(bc);
             /* hand back what has not started; the unit in progress (if any) already ended */
             for (int i = 0; i < q.n; i++) {
-                broker_client_send_unit_failed(bc, q.q[i]->exec_unit->lease_id,
-                                               "worker draining", true);
+                broker_client_hand_back(bc, q.q[i]->exec_unit->lease_id, "worker draining");
                 anv_msg_free(&q.q[i]);
             }
             q.n = 0;

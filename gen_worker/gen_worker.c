@@ -426,8 +426,7 @@ static void s_handle(gen_worker_t *w, Anvil__Envelope *env)
     switch (env->body_case) {
     case ANVIL__ENVELOPE__BODY_GEN_UNIT:
         if (w->draining) {
-            broker_client_send_unit_failed(w->bc, env->gen_unit->lease_id, "worker draining",
-                                           true);
+            broker_client_hand_back(w->bc, env->gen_unit->lease_id, "worker draining");
         } else if (w->weights_pending) {
             if (w->n_backlog == w->cap_backlog) {
                 int cap = w->cap_backlog ? w->cap_backlog * 2 : 16;
@@ -472,7 +471,17 @@ static void s_publish(gen_worker_t *w)
 }
 
 /* Hands back every lease still held (retryable): engine failure or the end of a drain. */
-static void s_hand_back_all(gen_worker_t *w, const char *why)
+/* Ends every unit held. `own`: for the worker's own reasons (shutdown), so the broker
+   charges no attempt; else a failure of the units (an engine failure). */
+static void s_give_back(gen_worker_t *w, const char *lease_id, const char *why, bool own)
+{
+    if (own)
+        broker_client_hand_back(w->bc, lease_id, why);
+    else
+        broker_client_send_unit_failed(w->bc, lease_id, why, true);
+}
+
+static void s_hand_back_all(gen_worker_t *w, const char *why, bool own)
 {
     for (int i = 0; i < w->n_units; i++) {
         s_unit_t *u = &w->units[i];
@@ -480,14 +489,14 @@ static void s_hand_back_all(gen_worker_t *w, const char *why)
             continue;
         eng_engine_cancel(w->eng, u->lease_id);
         if (!u->cancelled)
-            broker_client_send_unit_failed(w->bc, u->lease_id, why, true);
+            s_give_back(w, u->lease_id, why, own);
         s_unit_release(u);
     }
     eng_sample_t *es;
     while ((es = eng_engine_pop_finished(w->eng)))
         eng_sample_destroy(&es);
     for (int i = 0; i < w->n_backlog; i++) {
-        broker_client_send_unit_failed(w->bc, w->backlog[i]->gen_unit->lease_id, why, true);
+        s_give_back(w, w->backlog[i]->gen_unit->lease_id, why, own);
         anv_msg_free(&w->backlog[i]);
     }
     w->n_backlog = 0;
@@ -501,11 +510,12 @@ int gen_worker_run(gen_worker_t *self)
     for (;;) {
         if (w->draining && !drain_deadline) {
             drain_deadline = anv_now_ms() + w->cfg.grace_ms;
+            broker_client_drain(w->bc);
             ANV_INFO("draining: %d units in flight, grace %lld ms", s_units_in_flight(w),
                      (long long)w->cfg.grace_ms);
             for (int i = 0; i < w->n_backlog; i++) {
-                broker_client_send_unit_failed(w->bc, w->backlog[i]->gen_unit->lease_id,
-                                               "worker draining", true);
+                broker_client_hand_back(w->bc, w->backlog[i]->gen_unit->lease_id,
+                                        "worker draining");
                 anv_msg_free(&w->backlog[i]);
             }
             w->n_backlog = 0;
@@ -520,7 +530,7 @@ int gen_worker_run(gen_worker_t *self)
             int n = eng_engine_step(w->eng);
             if (n < 0) {
                 ANV_ERROR("engine step failed: %s; handing back every lease", anv_strerror(n));
-                s_hand_back_all(w, "engine failure on the worker");
+                s_hand_back_all(w, "engine failure on the worker", false);
                 rc = n;
                 break;
             }
@@ -547,7 +557,7 @@ int gen_worker_run(gen_worker_t *self)
                 break;
             if (anv_now_ms() >= drain_deadline) {
                 ANV_WARN("grace period over: handing back %d units", s_units_in_flight(w));
-                s_hand_back_all(w, "worker shut down before finishing");
+                s_hand_back_all(w, "worker shut down before finishing", true);
                 break;
             }
         }

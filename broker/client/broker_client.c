@@ -26,6 +26,7 @@
 struct broker_client_t {
     char *endpoint, *worker_id, *hostname, *gpu_name, *model;
     char *ready_file;         /* NULL = none; written by the thread, removed at destroy */
+    bool draining;            /* under lock: heartbeats say so, the broker sends nothing new */
     bool ready_written;       /* thread-owned until the thread is joined */
     char **caps;
     size_t n_caps;
@@ -137,6 +138,8 @@ static void s_send_heartbeat(broker_client_t *c, s_conn_t *k)
     for (void *v = zhashx_first(c->held); ids && v; v = zhashx_next(c->held))
         ids[i++] = strdup(zhashx_cursor(c->held));
     broker_client_stats_t st = c->stats;
+    hb.has_draining = c->draining;
+    hb.draining = c->draining;
     pthread_mutex_unlock(&c->lock);
     hb.worker_id = c->worker_id;
     hb.has_in_flight = hb.has_free_slots = hb.has_tokens_generated = hb.has_evals_done = 1;
@@ -294,6 +297,11 @@ static bool s_from_app(broker_client_t *c, s_conn_t *k)
         if (zmq_msg_size(&m) == 0) {
             zmq_msg_close(&m);
             return false;
+        }
+        if (zmq_msg_size(&m) == 1) { /* control: heartbeat now (an envelope is never 1 byte) */
+            zmq_msg_close(&m);
+            k->next_hb_ms = 0;
+            continue;
         }
         /* in order: straight to the broker unless older messages are still waiting */
         if (k->dealer && zlistx_size(k->queue) == 0 &&
@@ -637,6 +645,30 @@ int broker_client_send_unit_failed(broker_client_t *self, const char *lease_id, 
     env.body_case = ANVIL__ENVELOPE__BODY_UNIT_FAILED;
     env.unit_failed = &f;
     return broker_client_send(self, &env);
+}
+
+int broker_client_hand_back(broker_client_t *self, const char *lease_id, const char *why)
+{
+    Anvil__Envelope env;
+    Anvil__UnitFailed f = ANVIL__UNIT_FAILED__INIT;
+    anv_msg_init(&env);
+    f.lease_id = (char *)lease_id;
+    f.error = (char *)why;
+    f.has_retryable = f.retryable = 1;
+    f.has_handed_back = f.handed_back = 1;
+    env.body_case = ANVIL__ENVELOPE__BODY_UNIT_FAILED;
+    env.unit_failed = &f;
+    return broker_client_send(self, &env);
+}
+
+void broker_client_drain(broker_client_t *self)
+{
+    pthread_mutex_lock(&self->lock);
+    bool was = self->draining;
+    self->draining = true;
+    if (!was)
+        zmq_send(zsock_resolve(self->up_app), "h", 1, 0);
+    pthread_mutex_unlock(&self->lock);
 }
 
 int broker_client_add_credit(broker_client_t *self, uint32_t credits)

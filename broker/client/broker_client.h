@@ -83,6 +83,13 @@ int broker_client_send_exec_done(broker_client_t *self, const char *lease_id,
 int broker_client_send_unit_failed(broker_client_t *self, const char *lease_id, const char *error,
                                    bool retryable);
 
+/* Gives a unit back for the worker's own reasons (draining, shutdown, queue full): the broker
+   re-queues it without charging an attempt. Thread-safe. */
+int broker_client_hand_back(broker_client_t *self, const char *lease_id, const char *why);
+/* Says the worker is stopping: a heartbeat goes out at once and every later one says so; the
+   broker sends it no new units. Idempotent, thread-safe. */
+void broker_client_drain(broker_client_t *self);
+
 /* Offers `credits` more concurrent units than slots (CREDIT message). Thread-safe. */
 int broker_client_add_credit(broker_client_t *self, uint32_t credits);
 /* Replaces the counters sent with each heartbeat. Thread-safe. */

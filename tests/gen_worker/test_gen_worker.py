@@ -140,6 +140,9 @@ def test_worker_stop_loses_nothing(cluster, tiny_model, tmp_path, sig):
         assert time.time() - t0 < 10
         # the grace period ran (a SIGTERM mid-pass once skipped it: "grace period over" at once)
         assert "draining:" in cluster.log("gen0"), cluster.log("gen0")
+        # ... and the broker sent it nothing new meanwhile, so its hand-backs (no attempt
+        # charged) cannot bounce until units are dead-lettered
+        assert "worker 'gen0' is draining" in cluster.log("broker")
     cluster.start_gen_worker("gen1", tiny_model, "--threads", "1", "--slots", "4")
     st = cluster.wait_state(job, timeout=180)
     assert st["generated"] == 120 and st["failed"] == 0, (json.dumps(st)[80:900], cluster.log("gen0")[-3000:])
