@@ -14,7 +14,7 @@ want_python=1
 pkgs=(build-essential cmake pkg-config git ca-certificates
       libzmq3-dev libczmq-dev libsodium-dev libprotobuf-c-dev protobuf-c-compiler libhiredis-dev
       redis-server redis-tools libcjson-dev libpcre2-dev libseccomp-dev bubblewrap
-      libmicrohttpd-dev libcmocka-dev clang libclang-rt-dev chromium curl
+      libmicrohttpd-dev libcmocka-dev clang libclang-rt-dev chromium curl shellcheck
       python3 python3-venv python3-dev procps psmisc)
 
 missing=()
