@@ -250,6 +250,23 @@ struct eng_backend {
        a step. */
     int (*sample)(eng_backend_t *be, int32_t *tokens, float *logprobs, const float *logits,
                   int n, int vocab, const eng_sample_params_t *params);
+
+    /* Runs one all-decode step as a replayed device graph (CUDA graphs). `step` holds the
+       step's host arrays as for prepare (every sequence exactly one query token, n_tok ==
+       n_seq == n_rows; the caller pads the batch to a bucket size itself); record(ctx)
+       queues the step's ops with those same host pointers and must make the same calls, on
+       the same backend pointers, every time it is called for a given (n_tok,
+       batch->max_blocks, key): the caller changes `key` (or calls graph_reset) whenever a
+       buffer, weight or pool the ops use moves. The backend prepares the step (one upload
+       into fixed device buffers, the attention plan in a fixed-size layout for a context of
+       up to max_blocks * block_size positions), then replays the graph of that key, or runs
+       record eagerly (first use of a key, or after the backend's own scratch buffers grew)
+       or captures it (second use). Nothing in the step waits for the host. Returns 0 or the
+       first error (a failed capture falls back to an eager run and is logged once). */
+    int (*graph_step)(eng_backend_t *be, const eng_step_t *step, int block_size, uint64_t key,
+                      int (*record)(void *ctx), void *ctx);
+    /* Drops every captured graph (weights reloaded, pools or activations reallocated). */
+    void (*graph_reset)(eng_backend_t *be);
 };
 
 /* Creates a backend by name ("cpu"; "cuda" when built with ANVIL_CUDA). n_threads applies to

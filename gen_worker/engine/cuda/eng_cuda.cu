@@ -14,10 +14,18 @@
 
 /* --- buffers ----------------------------------------------------------------------------- */
 
+unsigned long long ecu_buf_epoch = 1;
+__thread int ecu_buf_frozen = 0;
+
 int ecu_buf_reserve(ecu_buf_t *buf, size_t bytes)
 {
     if (bytes <= buf->bytes)
         return 0;
+    if (ecu_buf_frozen) {
+        ANV_ERROR("cuda: a scratch buffer must grow to %zu bytes during a graph capture", bytes);
+        return ANV_ESTATE;
+    }
+    ecu_buf_epoch++;
     size_t want = bytes + bytes / 4;
     if (buf->ptr)
         ECU_CHECK(cudaFree(buf->ptr));
@@ -182,7 +190,7 @@ static int s_mem_info(eng_backend_t *be, size_t *free_bytes, size_t *total_bytes
     return 0;
 }
 
-static int s_prepare(eng_backend_t *be, const eng_step_t *step)
+int ecu_prepare(eng_backend_t *be, const eng_step_t *step)
 {
     ecu_state_t *st = ecu_st(be);
     st->step_valid = 0;
@@ -356,6 +364,7 @@ static void s_destroy(eng_backend_t **be_p)
     if (st) {
         if (st->stream)
             cudaStreamSynchronize(st->stream);
+        ecu_graph_free_all(st);
         ecu_buf_release(&st->lt_ws);
         ecu_buf_release(&st->xconv);
         for (int i = 0; i < ECU_IDX_N; i++)
@@ -437,7 +446,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->gather_rows = ecu_gather_rows;
     be->log_softmax = ecu_log_softmax;
     be->mem_info = s_mem_info;
-    be->prepare = s_prepare;
+    be->prepare = ecu_prepare;
+    be->graph_step = ecu_graph_step;
+    be->graph_reset = ecu_graph_reset;
     be->rope_kv_store = ecu_rope_kv_store;
     be->swiglu_fused = ecu_swiglu_fused;
     be->sample = ecu_sample;

@@ -5,6 +5,13 @@
     residual stream x is fp32; h is the normalised input of the next matmul; the fused
     residual add + norm closes each half-layer. The unfused path multiplies by row slices of
     the stacked weights, so both paths read the same numbers.
+
+    Graph decode (eng_bm_set_graphs): an all-decode step is padded to a batch bucket
+    (eng_bm_bucket) with dummy sequences that read and write only the pad block (one block
+    past the caller's n_blocks, never handed out), its block tables are copied into a fixed
+    stride (the next power of two of the blocks the longest sequence needs), and the op
+    sequence runs through the backend's graph_step; activations are sized for the largest
+    bucket at creation, so every pointer the captured ops use is fixed for the model's life.
 */
 #include "eng_bench_model.h"
 
@@ -26,6 +33,10 @@ struct eng_bm {
     eng_backend_t *be;
     eng_bm_config_t c;
     int fused, max_tok, max_rows, n_blocks;
+    int graphs;                 /* decode steps through be->graph_step */
+    long long graph_steps;      /* steps that went through graph_step */
+    int32_t *g_buf;             /* padded host arrays of a graph step */
+    size_t g_cap;               /* int32 words in g_buf */
     void *embed, *final_norm, *lm_head;
     s_layer_t *layers;
     float *x, *h, *qkv, *q, *k, *v, *att, *delta, *gu, *up, *act, *hl, *logits;
@@ -129,6 +140,11 @@ eng_bm_t *eng_bm_new(eng_backend_t *be, const eng_bm_config_t *cfg, int n_blocks
     m->be = be;
     m->c = *cfg;
     m->fused = fused;
+    /* room for a padded graph step of the largest batch */
+    if (eng_bm_bucket(max_tok) > max_tok)
+        max_tok = eng_bm_bucket(max_tok);
+    if (eng_bm_bucket(max_rows) > max_rows)
+        max_rows = eng_bm_bucket(max_rows);
     m->max_tok = max_tok;
     m->max_rows = max_rows;
     m->n_blocks = n_blocks;
@@ -150,7 +166,9 @@ eng_bm_t *eng_bm_new(eng_backend_t *be, const eng_bm_config_t *cfg, int n_blocks
         L->w_gu = s_walloc(m, 2 * (size_t)c->ffn * H, fill, sd++, 0.0f, s_in, &rc);
         L->w_down = s_walloc(m, H * c->ffn, fill, sd++, 0.0f, 1.7320508f / sqrtf((float)c->ffn),
                              &rc);
-        size_t pool = (size_t)n_blocks * c->block_size * kd * eng_dtype_size(be->kv_dtype);
+        /* + 1: the pad block of graph steps */
+        size_t pool =
+            ((size_t)n_blocks + 1) * c->block_size * kd * eng_dtype_size(be->kv_dtype);
         L->k_cache = be->alloc(be, pool);
         L->v_cache = be->alloc(be, pool);
         if (!L->k_cache || !L->v_cache)
@@ -192,6 +210,9 @@ void eng_bm_destroy(eng_bm_t **self_p)
     eng_bm_t *m = *self_p;
     eng_backend_t *be = m->be;
     be->sync(be);
+    if (be->graph_reset)
+        be->graph_reset(be); /* the graphs hold this model's pointers */
+    free(m->g_buf);
     if (m->layers) {
         for (int l = 0; l < m->c.n_layer; l++) {
             s_layer_t *L = &m->layers[l];
@@ -264,6 +285,63 @@ int eng_bm_load(eng_bm_t *m, const char *name, const void *host, size_t bytes)
     return m->be->upload(m->be, (char *)dst + off * es, host, bytes);
 }
 
+int eng_bm_bucket(int n)
+{
+    if (n <= 1)
+        return 1;
+    if (n <= 8) {
+        int b = 2;
+        while (b < n)
+            b *= 2;
+        return b;
+    }
+    if (n <= 256)
+        return (n + 15) / 16 * 16;
+    return (n + 63) / 64 * 64;
+}
+
+void eng_bm_set_graphs(eng_bm_t *self, int on)
+{
+    self->graphs = on && self->fused && self->be->graph_step && self->be->prepare;
+}
+
+int eng_bm_graphs(const eng_bm_t *self)
+{
+    return self->graphs;
+}
+
+long long eng_bm_graph_steps(const eng_bm_t *self)
+{
+    return self->graph_steps;
+}
+
+int eng_bm_kv_copy(eng_bm_t *m, int src, int dst)
+{
+    if (src < 0 || dst < 0 || src >= m->n_blocks || dst >= m->n_blocks)
+        return -EINVAL;
+    for (int l = 0; l < m->c.n_layer; l++) {
+        int rc = m->be->copy_block(m->be, m->layers[l].k_cache, m->layers[l].v_cache, src, dst,
+                                   m->c.block_size, m->c.n_kv_head, m->c.head_dim);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int eng_bm_kv_fill(eng_bm_t *m, eng_bm_fill_fn fill, uint64_t seed)
+{
+    size_t n = ((size_t)m->n_blocks + 1) * m->c.block_size * m->c.n_kv_head * m->c.head_dim;
+    for (int l = 0; l < m->c.n_layer; l++) {
+        int rc = fill(m->be, m->layers[l].k_cache, m->be->kv_dtype, n, seed + 2 * l, 0.0f, 1.0f);
+        if (!rc)
+            rc = fill(m->be, m->layers[l].v_cache, m->be->kv_dtype, n, seed + 2 * l + 1, 0.0f,
+                      1.0f);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 #define S_TRY(expr)                                                                                \
     do {                                                                                           \
         rc = (expr);                                                                               \
@@ -271,23 +349,17 @@ int eng_bm_load(eng_bm_t *m, const char *name, const void *host, size_t bytes)
             goto out;                                                                              \
     } while (0)
 
-int eng_bm_forward(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
-                   const int32_t *pos, const int32_t *slots, const int32_t *rows, int n_rows,
-                   float **logits)
+/* The op sequence of one step (prepare, when wanted, is the caller's). */
+static int s_ops(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
+                 const int32_t *pos, const int32_t *slots, const int32_t *rows, int n_rows)
 {
     eng_backend_t *be = m->be;
     const eng_bm_config_t *c = &m->c;
     int n = batch->q_start[batch->n_seq], rc = 0;
-    if (n <= 0 || n > m->max_tok || n_rows <= 0 || n_rows > m->max_rows)
-        return -EINVAL;
     size_t H = c->hidden, qd = (size_t)c->n_head * c->head_dim;
     size_t kd = (size_t)c->n_kv_head * c->head_dim, es = eng_dtype_size(c->wdtype);
     int fused = m->fused && be->rope_kv_store && be->swiglu_fused;
     eng_dtype_t wt = c->wdtype;
-    if (m->fused && be->prepare) {
-        eng_step_t st = {n, ids, pos, slots, batch, n_rows, rows};
-        S_TRY(be->prepare(be, &st));
-    }
     S_TRY(be->embedding(be, m->x, m->embed, wt, ids, n, (int)H));
     S_TRY(be->rmsnorm(be, m->h, m->x, m->layers[0].attn_norm, wt, n, (int)H, c->eps));
     for (int l = 0; l < c->n_layer; l++) {
@@ -327,6 +399,93 @@ int eng_bm_forward(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *id
     }
     S_TRY(be->gather_rows(be, m->hl, m->h, rows, n_rows, (int)H));
     S_TRY(be->matmul(be, m->logits, m->hl, m->lm_head, NULL, wt, n_rows, (int)H, c->vocab));
+out:
+    return rc;
+}
+
+typedef struct {
+    eng_bm_t *m;
+    const eng_attn_batch_t *batch;
+    const int32_t *ids, *pos, *slots, *rows;
+    int n_rows;
+} s_rec_t;
+
+static int s_record(void *ctx)
+{
+    s_rec_t *r = ctx;
+    return s_ops(r->m, r->batch, r->ids, r->pos, r->slots, r->rows, r->n_rows);
+}
+
+/* A graph step: pads the decode batch (n sequences, one token each) to its bucket. */
+static int s_forward_graph(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
+                           const int32_t *pos, const int32_t *slots)
+{
+    const int n = batch->n_seq, bs = m->c.block_size, nb = eng_bm_bucket(n);
+    int need = 1;
+    for (int s = 0; s < n; s++) {
+        int b = (batch->ctx_len[s] + bs - 1) / bs;
+        need = b > need ? b : need;
+    }
+    int stride = 8;
+    while (stride < need)
+        stride *= 2;
+    /* ids | pos | slots | rows | q_start | ctx | tables */
+    size_t words = (size_t)4 * nb + (nb + 1) + nb + (size_t)nb * stride;
+    if (words > m->g_cap) {
+        int32_t *p = realloc(m->g_buf, words * sizeof(int32_t));
+        if (!p)
+            return -ENOMEM;
+        m->g_buf = p;
+        m->g_cap = words;
+    }
+    int32_t *g_ids = m->g_buf, *g_pos = g_ids + nb, *g_slots = g_pos + nb, *g_rows = g_slots + nb;
+    int32_t *g_qs = g_rows + nb, *g_ctx = g_qs + nb + 1, *g_tab = g_ctx + nb;
+    const int32_t pad = m->n_blocks;
+    for (int s = 0; s < nb; s++) {
+        int real = s < n;
+        g_ids[s] = real ? ids[s] : 0;
+        g_pos[s] = real ? pos[s] : 0;
+        g_slots[s] = real ? slots[s] : pad * bs;
+        g_rows[s] = s;
+        g_qs[s] = s;
+        g_ctx[s] = real ? batch->ctx_len[s] : 1;
+        int32_t *row = g_tab + (size_t)s * stride;
+        int copy = real ? (batch->max_blocks < stride ? batch->max_blocks : stride) : 0;
+        if (copy)
+            memcpy(row, batch->block_tables + (size_t)s * batch->max_blocks,
+                   (size_t)copy * sizeof(int32_t));
+        for (int k = copy; k < stride; k++)
+            row[k] = pad;
+    }
+    g_qs[nb] = nb;
+    eng_attn_batch_t pb = {nb, g_qs, g_ctx, g_tab, stride};
+    eng_step_t st = {nb, g_ids, g_pos, g_slots, &pb, nb, g_rows};
+    s_rec_t rec = {m, &pb, g_ids, g_pos, g_slots, g_rows, nb};
+    m->graph_steps++;
+    return m->be->graph_step(m->be, &st, bs, 0, s_record, &rec);
+}
+
+int eng_bm_forward(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
+                   const int32_t *pos, const int32_t *slots, const int32_t *rows, int n_rows,
+                   float **logits)
+{
+    eng_backend_t *be = m->be;
+    int n = batch->q_start[batch->n_seq], rc = 0;
+    if (n <= 0 || n > m->max_tok || n_rows <= 0 || n_rows > m->max_rows)
+        return -EINVAL;
+    int decode = m->graphs && n == batch->n_seq && n_rows == n;
+    for (int s = 0; s < batch->n_seq && decode; s++)
+        decode = batch->q_start[s] == s && rows[s] == s &&
+                 batch->ctx_len[s] <= batch->max_blocks * m->c.block_size;
+    if (decode && eng_bm_bucket(n) <= m->max_tok) {
+        S_TRY(s_forward_graph(m, batch, ids, pos, slots));
+    } else {
+        if (m->fused && be->prepare) {
+            eng_step_t st = {n, ids, pos, slots, batch, n_rows, rows};
+            S_TRY(be->prepare(be, &st));
+        }
+        S_TRY(s_ops(m, batch, ids, pos, slots, rows, n_rows));
+    }
     *logits = m->logits;
 out:
     if (rc)
