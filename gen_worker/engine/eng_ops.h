@@ -269,6 +269,33 @@ struct eng_backend {
     void (*graph_reset)(eng_backend_t *be);
 };
 
+/* --- decode graph helpers (shared by the model and the benchmark's model) ------------------ */
+
+/* The batch bucket graph steps are padded to: 1, 2, 4, 8, then multiples of 16 up to 256,
+   then of 64. */
+int eng_graph_bucket(int n);
+
+/* A decode step padded for graph_step: the padded host arrays (owned, reused across steps)
+   and the eng_step_t / batch that describe them. */
+typedef struct {
+    int32_t *buf;
+    size_t cap;
+    eng_attn_batch_t batch;
+    eng_step_t step;
+    const int32_t *ids, *pos, *slots, *rows;
+} eng_graph_pad_t;
+
+/* True when a step can run as a graph step: every sequence one query token and the logits
+   rows are the tokens in order. */
+int eng_graph_is_decode(const eng_attn_batch_t *b, const int32_t *rows, int n_rows);
+/* Pads the decode step (b, ids, pos, slots) to eng_graph_bucket(n_seq) sequences: the extra
+   ones have token 0 at position 0 in slot pad_block * block_size, context 1 and a block table
+   of pad_block only; the block tables get the stride of the next power of two (>= 8) of the
+   blocks the longest context needs, so that one graph serves many steps. 0 or -ENOMEM. */
+int eng_graph_pad(eng_graph_pad_t *p, const eng_attn_batch_t *b, const int32_t *ids,
+                  const int32_t *pos, const int32_t *slots, int block_size, int32_t pad_block);
+void eng_graph_pad_release(eng_graph_pad_t *p);
+
 /* Creates a backend by name ("cpu"; "cuda" when built with ANVIL_CUDA). n_threads applies to
    the CPU backend (0 = one per core). Returns NULL with the reason logged when the name is
    unknown or the backend cannot start. */

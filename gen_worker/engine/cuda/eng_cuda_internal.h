@@ -122,6 +122,7 @@ typedef struct {
     int graph_splits;           /* > 0 while prepare builds the fixed-size decode plan */
     struct ecu_graph *graphs;   /* (n_graphs) one per (n_tok, max_blocks, key) */
     int n_graphs, cap_graphs;
+    long long graph_captures, graph_launches, graph_eager;
 } ecu_state_t;
 
 /* Bumped whenever ecu_buf_reserve moves a device buffer: a graph captured at another epoch

@@ -134,6 +134,7 @@ extern "C" int ecu_graph_step(eng_backend_t *be, const eng_step_t *step, int blo
     if (g->state == G_CAPTURED) {
         ECU_CHECK(cudaGraphLaunch(g->exec, st->stream));
         g->launches++;
+        st->graph_launches++;
         return 0;
     }
     if (g->state == G_EAGER && g->epoch == ecu_buf_epoch) {
@@ -141,8 +142,10 @@ extern "C" int ecu_graph_step(eng_backend_t *be, const eng_step_t *step, int blo
         if (rc == 0) {
             g->state = G_CAPTURED;
             g->epoch = ecu_buf_epoch;
+            st->graph_captures++;
             ECU_CHECK(cudaGraphLaunch(g->exec, st->stream));
             g->launches++;
+            st->graph_launches++;
             return 0;
         }
         ANV_WARN("cuda graph: %d-token steps (stride %d blocks) run without a graph", g->n_tok,
@@ -150,8 +153,24 @@ extern "C" int ecu_graph_step(eng_backend_t *be, const eng_step_t *step, int blo
         g->state = G_NEVER;
         /* the plan and step buffers were prepared before the capture: still valid */
     }
+    st->graph_eager++;
     rc = record(ctx);
     if (rc == 0 && g->state == G_EAGER)
         g->epoch = ecu_buf_epoch; /* buffers now at this step's sizes: capture next time */
     return rc;
+}
+
+extern "C" int eng_cuda_graph_stats(eng_backend_t *be, long long *captures, long long *launches,
+                                    long long *eager)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (!st)
+        return -EINVAL;
+    if (captures)
+        *captures = st->graph_captures;
+    if (launches)
+        *launches = st->graph_launches;
+    if (eager)
+        *eager = st->graph_eager;
+    return 0;
 }

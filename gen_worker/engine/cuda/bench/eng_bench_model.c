@@ -35,8 +35,7 @@ struct eng_bm {
     int fused, max_tok, max_rows, n_blocks;
     int graphs;                 /* decode steps through be->graph_step */
     long long graph_steps;      /* steps that went through graph_step */
-    int32_t *g_buf;             /* padded host arrays of a graph step */
-    size_t g_cap;               /* int32 words in g_buf */
+    eng_graph_pad_t pad;        /* padded host arrays of a graph step */
     void *embed, *final_norm, *lm_head;
     s_layer_t *layers;
     float *x, *h, *qkv, *q, *k, *v, *att, *delta, *gu, *up, *act, *hl, *logits;
@@ -212,7 +211,7 @@ void eng_bm_destroy(eng_bm_t **self_p)
     be->sync(be);
     if (be->graph_reset)
         be->graph_reset(be); /* the graphs hold this model's pointers */
-    free(m->g_buf);
+    eng_graph_pad_release(&m->pad);
     if (m->layers) {
         for (int l = 0; l < m->c.n_layer; l++) {
             s_layer_t *L = &m->layers[l];
@@ -287,17 +286,7 @@ int eng_bm_load(eng_bm_t *m, const char *name, const void *host, size_t bytes)
 
 int eng_bm_bucket(int n)
 {
-    if (n <= 1)
-        return 1;
-    if (n <= 8) {
-        int b = 2;
-        while (b < n)
-            b *= 2;
-        return b;
-    }
-    if (n <= 256)
-        return (n + 15) / 16 * 16;
-    return (n + 63) / 64 * 64;
+    return eng_graph_bucket(n);
 }
 
 void eng_bm_set_graphs(eng_bm_t *self, int on)
@@ -416,53 +405,17 @@ static int s_record(void *ctx)
     return s_ops(r->m, r->batch, r->ids, r->pos, r->slots, r->rows, r->n_rows);
 }
 
-/* A graph step: pads the decode batch (n sequences, one token each) to its bucket. */
+/* A graph step: the decode batch padded to its bucket, the pad block past the pools. */
 static int s_forward_graph(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
                            const int32_t *pos, const int32_t *slots)
 {
-    const int n = batch->n_seq, bs = m->c.block_size, nb = eng_bm_bucket(n);
-    int need = 1;
-    for (int s = 0; s < n; s++) {
-        int b = (batch->ctx_len[s] + bs - 1) / bs;
-        need = b > need ? b : need;
-    }
-    int stride = 8;
-    while (stride < need)
-        stride *= 2;
-    /* ids | pos | slots | rows | q_start | ctx | tables */
-    size_t words = (size_t)4 * nb + (nb + 1) + nb + (size_t)nb * stride;
-    if (words > m->g_cap) {
-        int32_t *p = realloc(m->g_buf, words * sizeof(int32_t));
-        if (!p)
-            return -ENOMEM;
-        m->g_buf = p;
-        m->g_cap = words;
-    }
-    int32_t *g_ids = m->g_buf, *g_pos = g_ids + nb, *g_slots = g_pos + nb, *g_rows = g_slots + nb;
-    int32_t *g_qs = g_rows + nb, *g_ctx = g_qs + nb + 1, *g_tab = g_ctx + nb;
-    const int32_t pad = m->n_blocks;
-    for (int s = 0; s < nb; s++) {
-        int real = s < n;
-        g_ids[s] = real ? ids[s] : 0;
-        g_pos[s] = real ? pos[s] : 0;
-        g_slots[s] = real ? slots[s] : pad * bs;
-        g_rows[s] = s;
-        g_qs[s] = s;
-        g_ctx[s] = real ? batch->ctx_len[s] : 1;
-        int32_t *row = g_tab + (size_t)s * stride;
-        int copy = real ? (batch->max_blocks < stride ? batch->max_blocks : stride) : 0;
-        if (copy)
-            memcpy(row, batch->block_tables + (size_t)s * batch->max_blocks,
-                   (size_t)copy * sizeof(int32_t));
-        for (int k = copy; k < stride; k++)
-            row[k] = pad;
-    }
-    g_qs[nb] = nb;
-    eng_attn_batch_t pb = {nb, g_qs, g_ctx, g_tab, stride};
-    eng_step_t st = {nb, g_ids, g_pos, g_slots, &pb, nb, g_rows};
-    s_rec_t rec = {m, &pb, g_ids, g_pos, g_slots, g_rows, nb};
+    eng_graph_pad_t *p = &m->pad;
+    int rc = eng_graph_pad(p, batch, ids, pos, slots, m->c.block_size, m->n_blocks);
+    if (rc)
+        return rc;
+    s_rec_t rec = {m, &p->batch, p->ids, p->pos, p->slots, p->rows, p->step.n_rows};
     m->graph_steps++;
-    return m->be->graph_step(m->be, &st, bs, 0, s_record, &rec);
+    return m->be->graph_step(m->be, &p->step, m->c.block_size, 0, s_record, &rec);
 }
 
 int eng_bm_forward(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
@@ -473,11 +426,8 @@ int eng_bm_forward(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *id
     int n = batch->q_start[batch->n_seq], rc = 0;
     if (n <= 0 || n > m->max_tok || n_rows <= 0 || n_rows > m->max_rows)
         return -EINVAL;
-    int decode = m->graphs && n == batch->n_seq && n_rows == n;
-    for (int s = 0; s < batch->n_seq && decode; s++)
-        decode = batch->q_start[s] == s && rows[s] == s &&
-                 batch->ctx_len[s] <= batch->max_blocks * m->c.block_size;
-    if (decode && eng_bm_bucket(n) <= m->max_tok) {
+    if (m->graphs && eng_graph_is_decode(batch, rows, n_rows) &&
+        eng_graph_bucket(n) <= m->max_tok) {
         S_TRY(s_forward_graph(m, batch, ids, pos, slots));
     } else {
         if (m->fused && be->prepare) {
