@@ -26,6 +26,7 @@
 
 #include "anv_error.h"
 #include "anv_log.h"
+#include "anv_time.h"
 #include "eng_safetensors.h"
 
 #define S_MAX_SHARDS 256
@@ -46,6 +47,8 @@ typedef struct {
     s_layer_t *layers;
     void **handed; /* every pointer the backend's weight() returned, for weight_release */
     int n_handed, cap_handed;
+    size_t bytes;   /* handed to the backend */
+    double seconds; /* open + parse + upload, synced */
 } s_weights_t;
 
 struct eng_model {
@@ -135,6 +138,7 @@ static int s_get(eng_model_t *self,
         return -ENOMEM;
     }
     w->handed[w->n_handed++] = p;
+    w->bytes += t->nbytes;
     out->p = p;
     out->dt = t->dtype;
     return 0;
@@ -208,6 +212,7 @@ out:
 static s_weights_t *s_weights_load(eng_model_t *self, const char *dir, char *err, size_t errlen)
 {
     const eng_model_config_t *c = &self->cfg;
+    uint64_t t0 = anv_now_ns();
     s_weights_t *w = calloc(1, sizeof(*w));
     if (!w || !(w->layers = calloc((size_t)c->n_layers, sizeof(s_layer_t)))) {
         snprintf(err, errlen, "out of memory");
@@ -260,6 +265,14 @@ static s_weights_t *s_weights_load(eng_model_t *self, const char *dir, char *err
             goto fail;
         }
     }
+    if (self->be->sync(self->be)) { /* the uploads are asynchronous on a device */
+        snprintf(err, errlen, "backend failed while uploading the weights");
+        goto fail;
+    }
+    w->seconds = (anv_now_ns() - t0) * 1e-9;
+    ANV_INFO("weights: %d tensors from %d file(s), %.2f GB in %.3f s (%.2f GB/s) on %s",
+             w->n_handed, w->n_files, w->bytes / 1e9, w->seconds,
+             w->seconds > 0 ? w->bytes / 1e9 / w->seconds : 0.0, self->be->name);
     return w;
 fail:
     s_weights_free(self->be, &w);
@@ -356,6 +369,14 @@ int eng_model_reload(eng_model_t *self, const char *dir, char *err, size_t errle
     self->w = w;
     self->cfg = cfg;
     return 0;
+}
+
+void eng_model_load_stats(const eng_model_t *self, size_t *bytes, double *seconds)
+{
+    if (bytes)
+        *bytes = self->w ? self->w->bytes : 0;
+    if (seconds)
+        *seconds = self->w ? self->w->seconds : 0;
 }
 
 size_t eng_model_kv_bytes_per_token(const eng_model_t *self)

@@ -6,6 +6,9 @@
     frees and reallocates, which is safe because all users are ordered on the one stream
     (cudaFree waits for the device). prepare() copies a step's host index arrays into one
     device buffer with a single upload and builds the attention plan once for all layers.
+    Weights reach the device through a ring of three 64 MiB pinned staging buffers
+    (eng_stage): reading the next chunk out of the mmap'd checkpoint overlaps the DMA of the
+    previous one, and no weight waits for the stream (the model syncs once at the end).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +130,46 @@ static void s_free(eng_backend_t *be, void *ptr)
         cudaFree(ptr);
 }
 
+static int s_stage_submit(void *ctx, int b, void *dst, size_t n)
+{
+    ecu_state_t *st = (ecu_state_t *)ctx;
+    ECU_CHECK(cudaMemcpyAsync(dst, st->stage_buf[b].ptr, n, cudaMemcpyHostToDevice,
+                              st->stream));
+    ECU_CHECK(cudaEventRecord(st->stage_ev[b], st->stream));
+    return 0;
+}
+
+static int s_stage_wait(void *ctx, int b)
+{
+    ecu_state_t *st = (ecu_state_t *)ctx;
+    ECU_CHECK(cudaEventSynchronize(st->stage_ev[b]));
+    return 0;
+}
+
+/* The staging ring, made on the first weight (3 x 64 MiB pinned, kept for reloads). */
+static int s_stage_setup(ecu_state_t *st)
+{
+    if (st->stage_ready)
+        return 0;
+    for (int i = 0; i < ECU_STAGE_BUFS; i++) {
+        ECU_TRY(ecu_buf_reserve_host(&st->stage_buf[i], ECU_STAGE_BYTES));
+        if (!st->stage_ev[i])
+            ECU_CHECK(cudaEventCreateWithFlags(&st->stage_ev[i], cudaEventDisableTiming));
+        st->stage.bufs[i] = st->stage_buf[i].ptr;
+    }
+    st->stage.n_bufs = ECU_STAGE_BUFS;
+    st->stage.buf_bytes = ECU_STAGE_BYTES;
+    st->stage.submit = s_stage_submit;
+    st->stage.wait = s_stage_wait;
+    st->stage.ctx = st;
+    ECU_TRY(eng_stage_init(&st->stage));
+    st->stage_ready = 1;
+    return 0;
+}
+
+/* Device memory for a checkpoint tensor, filled through the staging ring: the memcpy of the
+   next chunk out of the mmap overlaps the DMA of the previous one. Returns before the last
+   chunks landed; every later use is on the same stream (sync() completes the upload). */
 static void *s_weight(eng_backend_t *be, const void *host, size_t bytes)
 {
     ecu_state_t *st = ecu_st(be);
@@ -137,11 +180,9 @@ static void *s_weight(eng_backend_t *be, const void *host, size_t bytes)
                   cudaGetErrorString(e));
         return NULL;
     }
-    e = cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, st->stream);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(st->stream);
-    if (e != cudaSuccess) {
-        ANV_ERROR("cuda: cannot upload a weight of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    if (s_stage_setup(st) || eng_stage_copy(&st->stage, p, host, bytes)) {
+        ANV_ERROR("cuda: cannot upload a weight of %zu bytes", bytes);
+        eng_stage_finish(&st->stage);
         cudaFree(p);
         return NULL;
     }
@@ -365,6 +406,13 @@ static void s_destroy(eng_backend_t **be_p)
         if (st->stream)
             cudaStreamSynchronize(st->stream);
         ecu_graph_free_all(st);
+        if (st->stage_ready)
+            eng_stage_finish(&st->stage);
+        for (int i = 0; i < ECU_STAGE_BUFS; i++) {
+            ecu_buf_release_host(&st->stage_buf[i]);
+            if (st->stage_ev[i])
+                cudaEventDestroy(st->stage_ev[i]);
+        }
         ecu_buf_release(&st->lt_ws);
         ecu_buf_release(&st->xconv);
         for (int i = 0; i < ECU_IDX_N; i++)

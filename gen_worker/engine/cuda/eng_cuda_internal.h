@@ -20,6 +20,7 @@ extern "C" {
 #include "anv_error.h"
 #include "anv_log.h"
 #include "eng_ops.h"
+#include "eng_stage.h"
 }
 #include "eng_cuda.h"
 
@@ -81,6 +82,8 @@ typedef struct {
 } ecu_attn_plan_t;
 
 #define ECU_LT_CACHE 64
+#define ECU_STAGE_BUFS 3
+#define ECU_STAGE_BYTES ((size_t)64 << 20)
 
 typedef struct {
     int m, n, k, dtype, valid;
@@ -117,6 +120,12 @@ typedef struct {
     ecu_buf_t samp_params;      /* device copy of params */
     ecu_buf_t samp_out;         /* (n) {token, logprob} device */
     ecu_buf_t samp_host;        /* pinned staging for params and results */
+
+    /* weight uploads: a ring of pinned staging buffers (eng_stage), one event each */
+    ecu_buf_t stage_buf[ECU_STAGE_BUFS];
+    cudaEvent_t stage_ev[ECU_STAGE_BUFS];
+    eng_stage_t stage;
+    int stage_ready;
 
     /* decode graphs (graph.cu) */
     int graph_splits;           /* > 0 while prepare builds the fixed-size decode plan */
