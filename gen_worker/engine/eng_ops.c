@@ -90,9 +90,9 @@ int eng_graph_pad(eng_graph_pad_t *p, const eng_attn_batch_t *b, const int32_t *
         int k = (b->ctx_len[s] + bs - 1) / bs;
         need = k > need ? k : need;
     }
-    int stride = 8;
-    while (stride < need)
-        stride *= 2;
+    /* multiples of 8 blocks: a graph per 8 * block_size positions of context, so that the
+       fixed-size attention plan launches few empty split tiles */
+    int stride = (need + 7) / 8 * 8;
     /* ids | pos | slots | rows | q_start | ctx | tables */
     size_t words = (size_t)4 * nb + (nb + 1) + nb + (size_t)nb * stride;
     if (words > p->cap) {

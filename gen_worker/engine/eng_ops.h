@@ -290,8 +290,8 @@ typedef struct {
 int eng_graph_is_decode(const eng_attn_batch_t *b, const int32_t *rows, int n_rows);
 /* Pads the decode step (b, ids, pos, slots) to eng_graph_bucket(n_seq) sequences: the extra
    ones have token 0 at position 0 in slot pad_block * block_size, context 1 and a block table
-   of pad_block only; the block tables get the stride of the next power of two (>= 8) of the
-   blocks the longest context needs, so that one graph serves many steps. 0 or -ENOMEM. */
+   of pad_block only; the block tables get the stride of the blocks the longest context
+   needs rounded up to a multiple of 8, so that one graph serves many steps. 0 or -ENOMEM. */
 int eng_graph_pad(eng_graph_pad_t *p, const eng_attn_batch_t *b, const int32_t *ids,
                   const int32_t *pos, const int32_t *slots, int block_size, int32_t pad_block);
 void eng_graph_pad_release(eng_graph_pad_t *p);

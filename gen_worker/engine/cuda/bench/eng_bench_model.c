@@ -9,7 +9,7 @@
     Graph decode (eng_bm_set_graphs): an all-decode step is padded to a batch bucket
     (eng_bm_bucket) with dummy sequences that read and write only the pad block (one block
     past the caller's n_blocks, never handed out), its block tables are copied into a fixed
-    stride (the next power of two of the blocks the longest sequence needs), and the op
+    stride (the blocks the longest sequence needs, rounded up to a multiple of 8), and the op
     sequence runs through the backend's graph_step; activations are sized for the largest
     bucket at creation, so every pointer the captured ops use is fixed for the model's life.
 */
