@@ -266,6 +266,9 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
     self->model = eng_model_new(o->model_dir, self->be, err, errlen);
     if (!self->model)
         goto fail;
+    if (o->cuda_graphs && !self->be->graph_step)
+        ANV_WARN("backend %s has no graphs: --cuda-graphs is ignored", self->be->name);
+    eng_model_set_graphs(self->model, o->cuda_graphs);
     self->tok = eng_tokenizer_new(o->model_dir, err, errlen);
     if (!self->tok)
         goto fail;

@@ -47,6 +47,7 @@ typedef struct {
     int max_seqs;            /* running sequences at most; 0 = 256 */
     int max_context;         /* 0 = max_position_embeddings */
     bool no_prefix_sharing;  /* prefill every sample separately (for comparisons) */
+    bool cuda_graphs;        /* decode-only steps as CUDA graphs (backends with graph_step) */
     uint64_t weight_version; /* version of the weights in model_dir */
 } eng_engine_opts_t;
 

@@ -10,6 +10,10 @@
     then logits = xn[rows] lm_head^T and logprobs = log_softmax(logits).
     The weight set is a separate struct so that a reload can build a complete new one and swap
     it in only when every tensor checked out. Activation buffers grow to the largest step seen.
+    With graphs on (eng_model_set_graphs) and a backend that has graph_step, a decode-only step
+    is padded to its bucket (eng_graph_pad; the pad tokens use one private KV block past the
+    caller's) and its ops up to the logits run as one replayed graph; the graph key changes
+    whenever activations or pools are reallocated, and a reload drops every graph.
 */
 #include "eng_model.h"
 
@@ -22,6 +26,7 @@
 
 #include "anv_error.h"
 #include "anv_log.h"
+#include "anv_time.h"
 #include "eng_safetensors.h"
 
 #define S_MAX_SHARDS 256
@@ -42,6 +47,8 @@ typedef struct {
     s_layer_t *layers;
     void **handed; /* every pointer the backend's weight() returned, for weight_release */
     int n_handed, cap_handed;
+    size_t bytes;   /* handed to the backend */
+    double seconds; /* open + parse + upload, synced */
 } s_weights_t;
 
 struct eng_model {
@@ -53,6 +60,10 @@ struct eng_model {
     int n_blocks, block_size;
     /* activations, sized for cap_tok tokens / cap_rows rows */
     int cap_tok, cap_rows;
+    /* graph decode */
+    int graphs;
+    uint64_t graph_key; /* bumped when a buffer the ops use moves */
+    eng_graph_pad_t pad;
     float *x, *xn, *q, *k, *v, *att, *o, *gate, *up, *out_rows, *logits;
 };
 
@@ -127,6 +138,7 @@ static int s_get(eng_model_t *self,
         return -ENOMEM;
     }
     w->handed[w->n_handed++] = p;
+    w->bytes += t->nbytes;
     out->p = p;
     out->dt = t->dtype;
     return 0;
@@ -200,6 +212,7 @@ out:
 static s_weights_t *s_weights_load(eng_model_t *self, const char *dir, char *err, size_t errlen)
 {
     const eng_model_config_t *c = &self->cfg;
+    uint64_t t0 = anv_now_ns();
     s_weights_t *w = calloc(1, sizeof(*w));
     if (!w || !(w->layers = calloc((size_t)c->n_layers, sizeof(s_layer_t)))) {
         snprintf(err, errlen, "out of memory");
@@ -252,6 +265,14 @@ static s_weights_t *s_weights_load(eng_model_t *self, const char *dir, char *err
             goto fail;
         }
     }
+    if (self->be->sync(self->be)) { /* the uploads are asynchronous on a device */
+        snprintf(err, errlen, "backend failed while uploading the weights");
+        goto fail;
+    }
+    w->seconds = (anv_now_ns() - t0) * 1e-9;
+    ANV_INFO("weights: %d tensors from %d file(s), %.2f GB in %.3f s (%.2f GB/s) on %s",
+             w->n_handed, w->n_files, w->bytes / 1e9, w->seconds,
+             w->seconds > 0 ? w->bytes / 1e9 / w->seconds : 0.0, self->be->name);
     return w;
 fail:
     s_weights_free(self->be, &w);
@@ -309,6 +330,9 @@ void eng_model_destroy(eng_model_t **self_p)
     if (!self_p || !*self_p)
         return;
     eng_model_t *self = *self_p;
+    if (self->be->graph_reset)
+        self->be->graph_reset(self->be);
+    eng_graph_pad_release(&self->pad);
     s_free_acts(self);
     s_free_pools(self);
     s_weights_free(self->be, &self->w);
@@ -339,10 +363,20 @@ int eng_model_reload(eng_model_t *self, const char *dir, char *err, size_t errle
     s_weights_t *w = s_weights_load(self, dir, err, errlen);
     if (!w)
         return ANV_EFORMAT;
+    if (self->be->graph_reset)
+        self->be->graph_reset(self->be); /* the graphs hold the old weights' pointers */
     s_weights_free(self->be, &self->w);
     self->w = w;
     self->cfg = cfg;
     return 0;
+}
+
+void eng_model_load_stats(const eng_model_t *self, size_t *bytes, double *seconds)
+{
+    if (bytes)
+        *bytes = self->w ? self->w->bytes : 0;
+    if (seconds)
+        *seconds = self->w ? self->w->seconds : 0;
 }
 
 size_t eng_model_kv_bytes_per_token(const eng_model_t *self)
@@ -357,8 +391,10 @@ int eng_model_kv_reserve(eng_model_t *self, int n_blocks, int block_size)
         return -EINVAL;
     s_free_pools(self);
     int L = self->cfg.n_layers;
-    size_t bytes = (size_t)n_blocks * block_size * self->cfg.n_kv_heads * self->cfg.head_dim *
-                   eng_dtype_size(self->be->kv_dtype);
+    /* + 1: the pad block of graph steps, never handed out */
+    size_t bytes = ((size_t)n_blocks + 1) * block_size * self->cfg.n_kv_heads *
+                   self->cfg.head_dim * eng_dtype_size(self->be->kv_dtype);
+    self->graph_key++;
     self->k_pool = calloc((size_t)L, sizeof(void *));
     self->v_pool = calloc((size_t)L, sizeof(void *));
     if (!self->k_pool || !self->v_pool)
@@ -399,6 +435,7 @@ static int s_reserve_acts(eng_model_t *self, int n_tok, int n_rows)
     int nt = n_tok > self->cap_tok ? n_tok : self->cap_tok;
     int nr = n_rows > self->cap_rows ? n_rows : self->cap_rows;
     s_free_acts(self);
+    self->graph_key++;
     const eng_model_config_t *c = &self->cfg;
     eng_backend_t *be = self->be;
     size_t t = (size_t)nt, H = c->hidden, Q = (size_t)c->n_heads * c->head_dim,
@@ -453,18 +490,19 @@ static int s_check_batch(const eng_model_t *self, const eng_forward_t *b)
     return 0;
 }
 
-int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, float *logprobs)
+void eng_model_set_graphs(eng_model_t *self, int on)
 {
-    int rc = s_check_batch(self, b);
-    if (rc)
-        return rc;
-    if ((rc = s_reserve_acts(self, b->n_tok, b->n_rows)))
-        return rc;
+    self->graphs = on && self->be->graph_step && self->be->prepare;
+}
+
+/* The ops of a step up to the logits of its rows (in self->logits). */
+static int s_ops(eng_model_t *self, const eng_forward_t *b)
+{
     const eng_model_config_t *c = &self->cfg;
     eng_backend_t *be = self->be;
     const s_weights_t *w = self->w;
     int n = b->n_tok, H = c->hidden, Q = c->n_heads * c->head_dim, KV = c->n_kv_heads * c->head_dim,
-        F = c->ffn;
+        F = c->ffn, rc = 0;
     float eps = c->rms_eps;
 
 #define S_TRY(call)                                                                                \
@@ -504,10 +542,54 @@ int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, 
     S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, w->final_norm.p, w->final_norm.dt, n, H,
                           eps));
     if (b->n_rows > 0) {
-        size_t bytes = (size_t)b->n_rows * c->vocab * sizeof(float);
         S_TRY(be->gather_rows(be, self->out_rows, self->xn, b->rows, b->n_rows, H));
         S_TRY(be->matmul(be, self->logits, self->out_rows, w->lm_head.p, NULL, w->lm_head.dt,
                          b->n_rows, H, c->vocab));
+    }
+out:
+    return rc;
+}
+
+typedef struct {
+    eng_model_t *self;
+    const eng_forward_t *fw;
+} s_rec_t;
+
+static int s_record(void *ctx)
+{
+    s_rec_t *r = ctx;
+    return s_ops(r->self, r->fw);
+}
+
+int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, float *logprobs)
+{
+    int rc = s_check_batch(self, b);
+    if (rc)
+        return rc;
+    eng_backend_t *be = self->be;
+    const eng_model_config_t *c = &self->cfg;
+    int graph = self->graphs && eng_graph_is_decode(&b->attn, b->rows, b->n_rows);
+    int n_tok = graph ? eng_graph_bucket(b->n_tok) : b->n_tok;
+    if ((rc = s_reserve_acts(self, n_tok, graph ? n_tok : b->n_rows)))
+        return rc;
+    if (graph) {
+        eng_graph_pad_t *p = &self->pad;
+        if ((rc = eng_graph_pad(p, &b->attn, b->tokens, b->pos, b->slots, self->block_size,
+                                self->n_blocks)))
+            return rc;
+        eng_forward_t fw = {p->step.n_tok, p->ids, p->pos, p->slots, p->batch, p->step.n_rows,
+                            p->rows};
+        s_rec_t rec = {self, &fw};
+        S_TRY(be->graph_step(be, &p->step, self->block_size, self->graph_key, s_record, &rec));
+    } else {
+        if (be->prepare) {
+            eng_step_t st = {b->n_tok, b->tokens, b->pos, b->slots, &b->attn, b->n_rows, b->rows};
+            S_TRY(be->prepare(be, &st));
+        }
+        S_TRY(s_ops(self, b));
+    }
+    if (b->n_rows > 0) {
+        size_t bytes = (size_t)b->n_rows * c->vocab * sizeof(float);
         if (logits)
             S_TRY(be->download(be, logits, self->logits, bytes));
         if (logprobs) {

@@ -41,6 +41,14 @@ const eng_model_config_t *eng_model_config(const eng_model_t *self);
    old weights stay). KV contents become stale: the caller drops them. */
 int eng_model_reload(eng_model_t *self, const char *dir, char *err, size_t errlen);
 
+/* Bytes and seconds (files opened, headers checked, every tensor on the backend, synced) of
+   the last weight load. */
+void eng_model_load_stats(const eng_model_t *self, size_t *bytes, double *seconds);
+
+/* Decode-only steps through the backend's graph_step (CUDA graphs) when on and the backend
+   has it; off by default. */
+void eng_model_set_graphs(eng_model_t *self, int on);
+
 /* Bytes of KV pool one token needs across all layers (K and V). */
 size_t eng_model_kv_bytes_per_token(const eng_model_t *self);
 /* (Re)allocates the KV pools: n_blocks blocks of block_size tokens. */

@@ -1,10 +1,13 @@
 /*  eng_ops.c - dtype helpers and the backend factory of eng_ops.h.
 
     The factory is the only place that knows the list of backends; "cuda" exists only when the
-    engine is built with ANVIL_CUDA (ENG_HAVE_CUDA), otherwise it is refused by name.
+    engine is built with ANVIL_CUDA (ENG_HAVE_CUDA), otherwise it is refused by name. The graph
+    helpers pad a decode step to a bucket so that a backend's graph_step sees few shapes.
 */
 #include "eng_ops.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "anv_log.h"
@@ -51,4 +54,81 @@ eng_backend_t *eng_backend_new(const char *name, int n_threads)
     else
         ANV_ERROR("unknown backend '%s' (known: cpu, cuda)", name);
     return NULL;
+}
+
+int eng_graph_bucket(int n)
+{
+    if (n <= 1)
+        return 1;
+    if (n <= 8) {
+        int b = 2;
+        while (b < n)
+            b *= 2;
+        return b;
+    }
+    if (n <= 256)
+        return (n + 15) / 16 * 16;
+    return (n + 63) / 64 * 64;
+}
+
+int eng_graph_is_decode(const eng_attn_batch_t *b, const int32_t *rows, int n_rows)
+{
+    if (!b || b->n_seq <= 0 || n_rows != b->n_seq || b->q_start[b->n_seq] != b->n_seq)
+        return 0;
+    for (int s = 0; s < b->n_seq; s++)
+        if (b->q_start[s] != s || rows[s] != s)
+            return 0;
+    return 1;
+}
+
+int eng_graph_pad(eng_graph_pad_t *p, const eng_attn_batch_t *b, const int32_t *ids,
+                  const int32_t *pos, const int32_t *slots, int block_size, int32_t pad_block)
+{
+    const int n = b->n_seq, nb = eng_graph_bucket(n), bs = block_size;
+    int need = 1;
+    for (int s = 0; s < n; s++) {
+        int k = (b->ctx_len[s] + bs - 1) / bs;
+        need = k > need ? k : need;
+    }
+    /* multiples of 8 blocks: a graph per 8 * block_size positions of context, so that the
+       fixed-size attention plan launches few empty split tiles */
+    int stride = (need + 7) / 8 * 8;
+    /* ids | pos | slots | rows | q_start | ctx | tables */
+    size_t words = (size_t)4 * nb + (nb + 1) + nb + (size_t)nb * stride;
+    if (words > p->cap) {
+        int32_t *v = realloc(p->buf, words * sizeof(int32_t));
+        if (!v)
+            return -ENOMEM;
+        p->buf = v;
+        p->cap = words;
+    }
+    int32_t *g_ids = p->buf, *g_pos = g_ids + nb, *g_slots = g_pos + nb, *g_rows = g_slots + nb;
+    int32_t *g_qs = g_rows + nb, *g_ctx = g_qs + nb + 1, *g_tab = g_ctx + nb;
+    for (int s = 0; s < nb; s++) {
+        int real = s < n;
+        g_ids[s] = real ? ids[s] : 0;
+        g_pos[s] = real ? pos[s] : 0;
+        g_slots[s] = real ? slots[s] : pad_block * bs;
+        g_rows[s] = s;
+        g_qs[s] = s;
+        g_ctx[s] = real ? b->ctx_len[s] : 1;
+        int32_t *row = g_tab + (size_t)s * stride;
+        int copy = real ? (b->max_blocks < stride ? b->max_blocks : stride) : 0;
+        if (copy)
+            memcpy(row, b->block_tables + (size_t)s * b->max_blocks,
+                   (size_t)copy * sizeof(int32_t));
+        for (int k = copy; k < stride; k++)
+            row[k] = pad_block;
+    }
+    g_qs[nb] = nb;
+    p->batch = (eng_attn_batch_t){nb, g_qs, g_ctx, g_tab, stride};
+    p->step = (eng_step_t){nb, g_ids, g_pos, g_slots, &p->batch, nb, g_rows};
+    p->ids = g_ids, p->pos = g_pos, p->slots = g_slots, p->rows = g_rows;
+    return 0;
+}
+
+void eng_graph_pad_release(eng_graph_pad_t *p)
+{
+    free(p->buf);
+    memset(p, 0, sizeof(*p));
 }

@@ -250,7 +250,51 @@ struct eng_backend {
        a step. */
     int (*sample)(eng_backend_t *be, int32_t *tokens, float *logprobs, const float *logits,
                   int n, int vocab, const eng_sample_params_t *params);
+
+    /* Runs one all-decode step as a replayed device graph (CUDA graphs). `step` holds the
+       step's host arrays as for prepare (every sequence exactly one query token, n_tok ==
+       n_seq == n_rows; the caller pads the batch to a bucket size itself); record(ctx)
+       queues the step's ops with those same host pointers and must make the same calls, on
+       the same backend pointers, every time it is called for a given (n_tok,
+       batch->max_blocks, key): the caller changes `key` (or calls graph_reset) whenever a
+       buffer, weight or pool the ops use moves. The backend prepares the step (one upload
+       into fixed device buffers, the attention plan in a fixed-size layout for a context of
+       up to max_blocks * block_size positions), then replays the graph of that key, or runs
+       record eagerly (first use of a key, or after the backend's own scratch buffers grew)
+       or captures it (second use). Nothing in the step waits for the host. Returns 0 or the
+       first error (a failed capture falls back to an eager run and is logged once). */
+    int (*graph_step)(eng_backend_t *be, const eng_step_t *step, int block_size, uint64_t key,
+                      int (*record)(void *ctx), void *ctx);
+    /* Drops every captured graph (weights reloaded, pools or activations reallocated). */
+    void (*graph_reset)(eng_backend_t *be);
 };
+
+/* --- decode graph helpers (shared by the model and the benchmark's model) ------------------ */
+
+/* The batch bucket graph steps are padded to: 1, 2, 4, 8, then multiples of 16 up to 256,
+   then of 64. */
+int eng_graph_bucket(int n);
+
+/* A decode step padded for graph_step: the padded host arrays (owned, reused across steps)
+   and the eng_step_t / batch that describe them. */
+typedef struct {
+    int32_t *buf;
+    size_t cap;
+    eng_attn_batch_t batch;
+    eng_step_t step;
+    const int32_t *ids, *pos, *slots, *rows;
+} eng_graph_pad_t;
+
+/* True when a step can run as a graph step: every sequence one query token and the logits
+   rows are the tokens in order. */
+int eng_graph_is_decode(const eng_attn_batch_t *b, const int32_t *rows, int n_rows);
+/* Pads the decode step (b, ids, pos, slots) to eng_graph_bucket(n_seq) sequences: the extra
+   ones have token 0 at position 0 in slot pad_block * block_size, context 1 and a block table
+   of pad_block only; the block tables get the stride of the blocks the longest context
+   needs rounded up to a multiple of 8, so that one graph serves many steps. 0 or -ENOMEM. */
+int eng_graph_pad(eng_graph_pad_t *p, const eng_attn_batch_t *b, const int32_t *ids,
+                  const int32_t *pos, const int32_t *slots, int block_size, int32_t pad_block);
+void eng_graph_pad_release(eng_graph_pad_t *p);
 
 /* Creates a backend by name ("cpu"; "cuda" when built with ANVIL_CUDA). n_threads applies to
    the CPU backend (0 = one per core). Returns NULL with the reason logged when the name is

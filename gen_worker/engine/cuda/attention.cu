@@ -13,7 +13,10 @@
     32 positions widened into shared memory and reused by all rows of the tile (tokens x
     heads), one online softmax per row and warp. Every tile writes an unnormalised partial
     (o, max, sum); a second kernel merges each token's partials in split order and
-    normalises, so the sum order is fixed too.
+    normalises, so the sum order is fixed too. A graph step (graph.cu) asks for a fixed-size
+    layout instead: every sequence gets the same number of split tiles (those past its context
+    are empty and return at once), so grid sizes and buffer sizes depend only on the batch and
+    context buckets; the tiles that do run compute exactly what the ordinary plan computes.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -39,9 +42,19 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
     }
     st->plan_prepared = 0;
     int n_seq = b->n_seq, n_tok = b->q_start[n_seq], n_tiles = 0, n_parts = 0, q_tile = 1;
+    const int gs = st->graph_splits; /* > 0: the fixed layout of a graph step */
     if (b->q_start[0] != 0 || n_tok <= 0)
         return -EINVAL;
-    for (int s = 0; s < n_seq; s++) {
+    if (gs > 0) {
+        if (n_tok != n_seq)
+            return -EINVAL;
+        for (int s = 0; s < n_seq; s++)
+            if (b->q_start[s] != s || b->ctx_len[s] < 1 ||
+                (b->ctx_len[s] + ECU_ATTN_SPLIT - 1) / ECU_ATTN_SPLIT > gs)
+                return -EINVAL;
+        n_tiles = n_parts = n_seq * gs;
+    }
+    for (int s = 0; s < n_seq && gs == 0; s++) {
         int nq = b->q_start[s + 1] - b->q_start[s];
         if (nq < 0 || b->ctx_len[s] < nq || (nq > 0 && b->ctx_len[s] <= 0))
             return -EINVAL;
@@ -63,8 +76,17 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
     int32_t *tiles = h, *tok_part = h + 4 * (size_t)n_tiles, *tok_nsplit = tok_part + n_tok;
     int32_t *qs = tok_nsplit + n_tok, *ctx = qs + n_seq + 1, *tables = ctx + n_seq;
     int ti = 0, part = 0;
+    /* graph layout: gs tiles per sequence, those past its context empty (n_q 0) */
+    for (int s = 0; s < n_seq && gs > 0; s++) {
+        int ns = (b->ctx_len[s] + ECU_ATTN_SPLIT - 1) / ECU_ATTN_SPLIT;
+        for (int k = 0; k < gs; k++, ti++) {
+            tiles[4 * ti] = s, tiles[4 * ti + 1] = s, tiles[4 * ti + 2] = k < ns ? 1 : 0;
+            tiles[4 * ti + 3] = k;
+        }
+        tok_part[s] = s * gs, tok_nsplit[s] = ns;
+    }
     /* decode tiles first (their own launch), then prefill tiles */
-    for (int s = 0; s < n_seq; s++) {
+    for (int s = 0; s < n_seq && gs == 0; s++) {
         int q0 = b->q_start[s], nq = b->q_start[s + 1] - q0;
         if (nq == 1) {
             int ns = (b->ctx_len[s] + ECU_ATTN_SPLIT - 1) / ECU_ATTN_SPLIT;
@@ -77,7 +99,7 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
         }
     }
     int n_dec = ti;
-    for (int s = 0; s < n_seq; s++) {
+    for (int s = 0; s < n_seq && gs == 0; s++) {
         int q0 = b->q_start[s], nq = b->q_start[s + 1] - q0;
         if (nq > 1) {
             for (int t0 = 0; t0 < nq; t0 += ECU_ATTN_QT, ti++) {
@@ -291,6 +313,8 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     __shared__ float wo[ECU_ATTN_WARPS][G][HD];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int4 tl = tiles[blockIdx.x];
+    if (tl.z == 0)
+        return; /* an empty tile of a graph step's fixed layout (block-uniform) */
     const int kvh = blockIdx.y, seq = tl.x, tok = tl.y, split = tl.w;
     const int ctx = seq_ctx[seq];
     const int key_begin = split * ECU_ATTN_SPLIT;

@@ -6,6 +6,9 @@
     frees and reallocates, which is safe because all users are ordered on the one stream
     (cudaFree waits for the device). prepare() copies a step's host index arrays into one
     device buffer with a single upload and builds the attention plan once for all layers.
+    Weights reach the device through a ring of three 64 MiB pinned staging buffers
+    (eng_stage): reading the next chunk out of the mmap'd checkpoint overlaps the DMA of the
+    previous one, and no weight waits for the stream (the model syncs once at the end).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +17,18 @@
 
 /* --- buffers ----------------------------------------------------------------------------- */
 
+unsigned long long ecu_buf_epoch = 1;
+__thread int ecu_buf_frozen = 0;
+
 int ecu_buf_reserve(ecu_buf_t *buf, size_t bytes)
 {
     if (bytes <= buf->bytes)
         return 0;
+    if (ecu_buf_frozen) {
+        ANV_ERROR("cuda: a scratch buffer must grow to %zu bytes during a graph capture", bytes);
+        return ANV_ESTATE;
+    }
+    ecu_buf_epoch++;
     size_t want = bytes + bytes / 4;
     if (buf->ptr)
         ECU_CHECK(cudaFree(buf->ptr));
@@ -119,6 +130,46 @@ static void s_free(eng_backend_t *be, void *ptr)
         cudaFree(ptr);
 }
 
+static int s_stage_submit(void *ctx, int b, void *dst, size_t n)
+{
+    ecu_state_t *st = (ecu_state_t *)ctx;
+    ECU_CHECK(cudaMemcpyAsync(dst, st->stage_buf[b].ptr, n, cudaMemcpyHostToDevice,
+                              st->stream));
+    ECU_CHECK(cudaEventRecord(st->stage_ev[b], st->stream));
+    return 0;
+}
+
+static int s_stage_wait(void *ctx, int b)
+{
+    ecu_state_t *st = (ecu_state_t *)ctx;
+    ECU_CHECK(cudaEventSynchronize(st->stage_ev[b]));
+    return 0;
+}
+
+/* The staging ring, made on the first weight (3 x 64 MiB pinned, kept for reloads). */
+static int s_stage_setup(ecu_state_t *st)
+{
+    if (st->stage_ready)
+        return 0;
+    for (int i = 0; i < ECU_STAGE_BUFS; i++) {
+        ECU_TRY(ecu_buf_reserve_host(&st->stage_buf[i], ECU_STAGE_BYTES));
+        if (!st->stage_ev[i])
+            ECU_CHECK(cudaEventCreateWithFlags(&st->stage_ev[i], cudaEventDisableTiming));
+        st->stage.bufs[i] = st->stage_buf[i].ptr;
+    }
+    st->stage.n_bufs = ECU_STAGE_BUFS;
+    st->stage.buf_bytes = ECU_STAGE_BYTES;
+    st->stage.submit = s_stage_submit;
+    st->stage.wait = s_stage_wait;
+    st->stage.ctx = st;
+    ECU_TRY(eng_stage_init(&st->stage));
+    st->stage_ready = 1;
+    return 0;
+}
+
+/* Device memory for a checkpoint tensor, filled through the staging ring: the memcpy of the
+   next chunk out of the mmap overlaps the DMA of the previous one. Returns before the last
+   chunks landed; every later use is on the same stream (sync() completes the upload). */
 static void *s_weight(eng_backend_t *be, const void *host, size_t bytes)
 {
     ecu_state_t *st = ecu_st(be);
@@ -129,11 +180,9 @@ static void *s_weight(eng_backend_t *be, const void *host, size_t bytes)
                   cudaGetErrorString(e));
         return NULL;
     }
-    e = cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, st->stream);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(st->stream);
-    if (e != cudaSuccess) {
-        ANV_ERROR("cuda: cannot upload a weight of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    if (s_stage_setup(st) || eng_stage_copy(&st->stage, p, host, bytes)) {
+        ANV_ERROR("cuda: cannot upload a weight of %zu bytes", bytes);
+        eng_stage_finish(&st->stage);
         cudaFree(p);
         return NULL;
     }
@@ -182,7 +231,7 @@ static int s_mem_info(eng_backend_t *be, size_t *free_bytes, size_t *total_bytes
     return 0;
 }
 
-static int s_prepare(eng_backend_t *be, const eng_step_t *step)
+int ecu_prepare(eng_backend_t *be, const eng_step_t *step)
 {
     ecu_state_t *st = ecu_st(be);
     st->step_valid = 0;
@@ -356,6 +405,14 @@ static void s_destroy(eng_backend_t **be_p)
     if (st) {
         if (st->stream)
             cudaStreamSynchronize(st->stream);
+        ecu_graph_free_all(st);
+        if (st->stage_ready)
+            eng_stage_finish(&st->stage);
+        for (int i = 0; i < ECU_STAGE_BUFS; i++) {
+            ecu_buf_release_host(&st->stage_buf[i]);
+            if (st->stage_ev[i])
+                cudaEventDestroy(st->stage_ev[i]);
+        }
         ecu_buf_release(&st->lt_ws);
         ecu_buf_release(&st->xconv);
         for (int i = 0; i < ECU_IDX_N; i++)
@@ -437,7 +494,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->gather_rows = ecu_gather_rows;
     be->log_softmax = ecu_log_softmax;
     be->mem_info = s_mem_info;
-    be->prepare = s_prepare;
+    be->prepare = ecu_prepare;
+    be->graph_step = ecu_graph_step;
+    be->graph_reset = ecu_graph_reset;
     be->rope_kv_store = ecu_rope_kv_store;
     be->swiglu_fused = ecu_swiglu_fused;
     be->sample = ecu_sample;

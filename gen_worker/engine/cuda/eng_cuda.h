@@ -38,6 +38,11 @@ int eng_cuda_fill_random(eng_backend_t *be, void *dst, eng_dtype_t dtype, size_t
    bytes / s. The reference bandwidth of the benchmarks. */
 int eng_cuda_copy_bandwidth(eng_backend_t *be, size_t bytes, int iters, double *gbps);
 
+/* Counters of graph_step since the backend was created: graphs captured, graph launches
+   (replays), steps run eagerly (first use of a key, buffers moved, or capture failed). */
+int eng_cuda_graph_stats(eng_backend_t *be, long long *captures, long long *launches,
+                         long long *eager);
+
 /* Device name into buf (for reports). */
 int eng_cuda_device_name(eng_backend_t *be, char *buf, size_t len);
 

@@ -20,6 +20,7 @@ extern "C" {
 #include "anv_error.h"
 #include "anv_log.h"
 #include "eng_ops.h"
+#include "eng_stage.h"
 }
 #include "eng_cuda.h"
 
@@ -81,6 +82,8 @@ typedef struct {
 } ecu_attn_plan_t;
 
 #define ECU_LT_CACHE 64
+#define ECU_STAGE_BUFS 3
+#define ECU_STAGE_BYTES ((size_t)64 << 20)
 
 typedef struct {
     int m, n, k, dtype, valid;
@@ -117,7 +120,26 @@ typedef struct {
     ecu_buf_t samp_params;      /* device copy of params */
     ecu_buf_t samp_out;         /* (n) {token, logprob} device */
     ecu_buf_t samp_host;        /* pinned staging for params and results */
+
+    /* weight uploads: a ring of pinned staging buffers (eng_stage), one event each */
+    ecu_buf_t stage_buf[ECU_STAGE_BUFS];
+    cudaEvent_t stage_ev[ECU_STAGE_BUFS];
+    eng_stage_t stage;
+    int stage_ready;
+
+    /* decode graphs (graph.cu) */
+    int graph_splits;           /* > 0 while prepare builds the fixed-size decode plan */
+    struct ecu_graph *graphs;   /* (n_graphs) one per (n_tok, max_blocks, key) */
+    int n_graphs, cap_graphs;
+    long long graph_captures, graph_launches, graph_eager;
 } ecu_state_t;
+
+/* Bumped whenever ecu_buf_reserve moves a device buffer: a graph captured at another epoch
+   may hold a freed pointer and is re-recorded (process-wide: several backends only cause
+   spurious re-captures). */
+extern unsigned long long ecu_buf_epoch;
+/* Set on the capturing thread: a reserve that would move a buffer fails (ANV_ESTATE). */
+extern __thread int ecu_buf_frozen;
 
 /* Local copies of eng_dtype_size / eng_dtype_name, so this library needs only the headers
    of the engine (which links it). */
@@ -146,7 +168,14 @@ void ecu_buf_release_host(ecu_buf_t *buf);
    pointer given to prepare() for that role, else an async upload into the role's scratch. */
 int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t **dev);
 
-/* Builds (or reuses, for the prepared batch) the attention plan of `batch`. */
+/* prepare() of the op table (eng_cuda.cu). */
+int ecu_prepare(eng_backend_t *be, const eng_step_t *step);
+/* Frees every graph (graph.cu). */
+void ecu_graph_free_all(ecu_state_t *st);
+
+/* Builds (or reuses, for the prepared batch) the attention plan of `batch`. With
+   st->graph_splits > 0 the batch must be all decode and the plan has the fixed layout of
+   graph_splits tiles per sequence (tiles past a sequence's context are empty). */
 int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *batch, int n_head, int head_dim,
                   const ecu_attn_plan_t **plan);
 
@@ -179,6 +208,9 @@ int ecu_gather_rows(eng_backend_t *be, float *out, const float *x, const int32_t
 int ecu_log_softmax(eng_backend_t *be, float *out, const float *logits, int n, int vocab);
 int ecu_sample(eng_backend_t *be, int32_t *tokens, float *logprobs, const float *logits, int n,
                int vocab, const eng_sample_params_t *params);
+int ecu_graph_step(eng_backend_t *be, const eng_step_t *step, int block_size, uint64_t key,
+                   int (*record)(void *ctx), void *ctx);
+void ecu_graph_reset(eng_backend_t *be);
 }
 
 /* Widening loads of weights (bf16 / f16 / f32 element i). */

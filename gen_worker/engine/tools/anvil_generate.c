@@ -32,7 +32,7 @@ typedef struct {
     int64_t max_tokens, top_k, n, threads, block_size, kv_blocks, max_batch_tokens, max_context,
         top_logprobs;
     double temperature, top_p, min_p;
-    bool chat, json, ignore_eos, no_prefix_sharing;
+    bool chat, json, ignore_eos, no_prefix_sharing, cuda_graphs;
 } s_args_t;
 
 /* s[0, n) as a quoted JSON string (caller frees): repaired to valid UTF-8 (U+FFFD), and
@@ -373,6 +373,8 @@ int main(int argc, char **argv)
         {"max-context", ANV_CFG_INT, "0", 0, 1 << 24, "0 = the model's", &a.max_context, false},
         {"no-prefix-sharing", ANV_CFG_BOOL, "false", 0, 0, "prefill each sample separately",
          &a.no_prefix_sharing, false},
+        {"cuda-graphs", ANV_CFG_BOOL, "false", 0, 0, "decode steps as CUDA graphs (cuda backend)",
+         &a.cuda_graphs, false},
         {"json", ANV_CFG_BOOL, "false", 0, 0, "one JSON line per sample", &a.json, false},
         {"tokenize", ANV_CFG_STR, "", 0, 0, "print the ids of TEXT and exit", &a.tokenize, false},
         {"tokenize-jsonl", ANV_CFG_STR, "", 0, 0, "ids and decode of each line of FILE",
@@ -435,6 +437,7 @@ int main(int argc, char **argv)
         .max_batch_tokens = (int)a.max_batch_tokens,
         .max_context = (int)a.max_context,
         .no_prefix_sharing = a.no_prefix_sharing,
+        .cuda_graphs = a.cuda_graphs,
     };
     e = eng_engine_new(&eo, err, sizeof(err));
     if (!e) {

@@ -5,6 +5,13 @@
     residual stream x is fp32; h is the normalised input of the next matmul; the fused
     residual add + norm closes each half-layer. The unfused path multiplies by row slices of
     the stacked weights, so both paths read the same numbers.
+
+    Graph decode (eng_bm_set_graphs): an all-decode step is padded to a batch bucket
+    (eng_bm_bucket) with dummy sequences that read and write only the pad block (one block
+    past the caller's n_blocks, never handed out), its block tables are copied into a fixed
+    stride (the blocks the longest sequence needs, rounded up to a multiple of 8), and the op
+    sequence runs through the backend's graph_step; activations are sized for the largest
+    bucket at creation, so every pointer the captured ops use is fixed for the model's life.
 */
 #include "eng_bench_model.h"
 
@@ -26,6 +33,9 @@ struct eng_bm {
     eng_backend_t *be;
     eng_bm_config_t c;
     int fused, max_tok, max_rows, n_blocks;
+    int graphs;                 /* decode steps through be->graph_step */
+    long long graph_steps;      /* steps that went through graph_step */
+    eng_graph_pad_t pad;        /* padded host arrays of a graph step */
     void *embed, *final_norm, *lm_head;
     s_layer_t *layers;
     float *x, *h, *qkv, *q, *k, *v, *att, *delta, *gu, *up, *act, *hl, *logits;
@@ -129,6 +139,11 @@ eng_bm_t *eng_bm_new(eng_backend_t *be, const eng_bm_config_t *cfg, int n_blocks
     m->be = be;
     m->c = *cfg;
     m->fused = fused;
+    /* room for a padded graph step of the largest batch */
+    if (eng_bm_bucket(max_tok) > max_tok)
+        max_tok = eng_bm_bucket(max_tok);
+    if (eng_bm_bucket(max_rows) > max_rows)
+        max_rows = eng_bm_bucket(max_rows);
     m->max_tok = max_tok;
     m->max_rows = max_rows;
     m->n_blocks = n_blocks;
@@ -150,7 +165,9 @@ eng_bm_t *eng_bm_new(eng_backend_t *be, const eng_bm_config_t *cfg, int n_blocks
         L->w_gu = s_walloc(m, 2 * (size_t)c->ffn * H, fill, sd++, 0.0f, s_in, &rc);
         L->w_down = s_walloc(m, H * c->ffn, fill, sd++, 0.0f, 1.7320508f / sqrtf((float)c->ffn),
                              &rc);
-        size_t pool = (size_t)n_blocks * c->block_size * kd * eng_dtype_size(be->kv_dtype);
+        /* + 1: the pad block of graph steps */
+        size_t pool =
+            ((size_t)n_blocks + 1) * c->block_size * kd * eng_dtype_size(be->kv_dtype);
         L->k_cache = be->alloc(be, pool);
         L->v_cache = be->alloc(be, pool);
         if (!L->k_cache || !L->v_cache)
@@ -192,6 +209,9 @@ void eng_bm_destroy(eng_bm_t **self_p)
     eng_bm_t *m = *self_p;
     eng_backend_t *be = m->be;
     be->sync(be);
+    if (be->graph_reset)
+        be->graph_reset(be); /* the graphs hold this model's pointers */
+    eng_graph_pad_release(&m->pad);
     if (m->layers) {
         for (int l = 0; l < m->c.n_layer; l++) {
             s_layer_t *L = &m->layers[l];
@@ -264,6 +284,53 @@ int eng_bm_load(eng_bm_t *m, const char *name, const void *host, size_t bytes)
     return m->be->upload(m->be, (char *)dst + off * es, host, bytes);
 }
 
+int eng_bm_bucket(int n)
+{
+    return eng_graph_bucket(n);
+}
+
+void eng_bm_set_graphs(eng_bm_t *self, int on)
+{
+    self->graphs = on && self->fused && self->be->graph_step && self->be->prepare;
+}
+
+int eng_bm_graphs(const eng_bm_t *self)
+{
+    return self->graphs;
+}
+
+long long eng_bm_graph_steps(const eng_bm_t *self)
+{
+    return self->graph_steps;
+}
+
+int eng_bm_kv_copy(eng_bm_t *m, int src, int dst)
+{
+    if (src < 0 || dst < 0 || src >= m->n_blocks || dst >= m->n_blocks)
+        return -EINVAL;
+    for (int l = 0; l < m->c.n_layer; l++) {
+        int rc = m->be->copy_block(m->be, m->layers[l].k_cache, m->layers[l].v_cache, src, dst,
+                                   m->c.block_size, m->c.n_kv_head, m->c.head_dim);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int eng_bm_kv_fill(eng_bm_t *m, eng_bm_fill_fn fill, uint64_t seed)
+{
+    size_t n = ((size_t)m->n_blocks + 1) * m->c.block_size * m->c.n_kv_head * m->c.head_dim;
+    for (int l = 0; l < m->c.n_layer; l++) {
+        int rc = fill(m->be, m->layers[l].k_cache, m->be->kv_dtype, n, seed + 2 * l, 0.0f, 1.0f);
+        if (!rc)
+            rc = fill(m->be, m->layers[l].v_cache, m->be->kv_dtype, n, seed + 2 * l + 1, 0.0f,
+                      1.0f);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 #define S_TRY(expr)                                                                                \
     do {                                                                                           \
         rc = (expr);                                                                               \
@@ -271,23 +338,17 @@ int eng_bm_load(eng_bm_t *m, const char *name, const void *host, size_t bytes)
             goto out;                                                                              \
     } while (0)
 
-int eng_bm_forward(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
-                   const int32_t *pos, const int32_t *slots, const int32_t *rows, int n_rows,
-                   float **logits)
+/* The op sequence of one step (prepare, when wanted, is the caller's). */
+static int s_ops(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
+                 const int32_t *pos, const int32_t *slots, const int32_t *rows, int n_rows)
 {
     eng_backend_t *be = m->be;
     const eng_bm_config_t *c = &m->c;
     int n = batch->q_start[batch->n_seq], rc = 0;
-    if (n <= 0 || n > m->max_tok || n_rows <= 0 || n_rows > m->max_rows)
-        return -EINVAL;
     size_t H = c->hidden, qd = (size_t)c->n_head * c->head_dim;
     size_t kd = (size_t)c->n_kv_head * c->head_dim, es = eng_dtype_size(c->wdtype);
     int fused = m->fused && be->rope_kv_store && be->swiglu_fused;
     eng_dtype_t wt = c->wdtype;
-    if (m->fused && be->prepare) {
-        eng_step_t st = {n, ids, pos, slots, batch, n_rows, rows};
-        S_TRY(be->prepare(be, &st));
-    }
     S_TRY(be->embedding(be, m->x, m->embed, wt, ids, n, (int)H));
     S_TRY(be->rmsnorm(be, m->h, m->x, m->layers[0].attn_norm, wt, n, (int)H, c->eps));
     for (int l = 0; l < c->n_layer; l++) {
@@ -327,6 +388,54 @@ int eng_bm_forward(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *id
     }
     S_TRY(be->gather_rows(be, m->hl, m->h, rows, n_rows, (int)H));
     S_TRY(be->matmul(be, m->logits, m->hl, m->lm_head, NULL, wt, n_rows, (int)H, c->vocab));
+out:
+    return rc;
+}
+
+typedef struct {
+    eng_bm_t *m;
+    const eng_attn_batch_t *batch;
+    const int32_t *ids, *pos, *slots, *rows;
+    int n_rows;
+} s_rec_t;
+
+static int s_record(void *ctx)
+{
+    s_rec_t *r = ctx;
+    return s_ops(r->m, r->batch, r->ids, r->pos, r->slots, r->rows, r->n_rows);
+}
+
+/* A graph step: the decode batch padded to its bucket, the pad block past the pools. */
+static int s_forward_graph(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
+                           const int32_t *pos, const int32_t *slots)
+{
+    eng_graph_pad_t *p = &m->pad;
+    int rc = eng_graph_pad(p, batch, ids, pos, slots, m->c.block_size, m->n_blocks);
+    if (rc)
+        return rc;
+    s_rec_t rec = {m, &p->batch, p->ids, p->pos, p->slots, p->rows, p->step.n_rows};
+    m->graph_steps++;
+    return m->be->graph_step(m->be, &p->step, m->c.block_size, 0, s_record, &rec);
+}
+
+int eng_bm_forward(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
+                   const int32_t *pos, const int32_t *slots, const int32_t *rows, int n_rows,
+                   float **logits)
+{
+    eng_backend_t *be = m->be;
+    int n = batch->q_start[batch->n_seq], rc = 0;
+    if (n <= 0 || n > m->max_tok || n_rows <= 0 || n_rows > m->max_rows)
+        return -EINVAL;
+    if (m->graphs && eng_graph_is_decode(batch, rows, n_rows) &&
+        eng_graph_bucket(n) <= m->max_tok) {
+        S_TRY(s_forward_graph(m, batch, ids, pos, slots));
+    } else {
+        if (m->fused && be->prepare) {
+            eng_step_t st = {n, ids, pos, slots, batch, n_rows, rows};
+            S_TRY(be->prepare(be, &st));
+        }
+        S_TRY(s_ops(m, batch, ids, pos, slots, rows, n_rows));
+    }
     *logits = m->logits;
 out:
     if (rc)

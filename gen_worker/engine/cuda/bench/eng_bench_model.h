@@ -36,7 +36,7 @@ int eng_bm_fill_host(eng_backend_t *be, void *dst, eng_dtype_t dtype, size_t n, 
                      float center, float scale);
 
 /* Builds the model on `be` (borrowed; must outlive the model) with KV pools of n_blocks
-   blocks per layer and activations for up to max_tok tokens and max_rows logits rows.
+   blocks per layer (block ids 0 .. n_blocks - 1; one more, the pad block, is private) and activations for up to max_tok tokens and max_rows logits rows.
    fill == NULL leaves the weights zeroed (to be loaded with eng_bm_load). NULL on failure. */
 eng_bm_t *eng_bm_new(eng_backend_t *be, const eng_bm_config_t *cfg, int n_blocks, int max_tok,
                      int max_rows, eng_bm_fill_fn fill, uint64_t seed, int fused);
@@ -45,6 +45,21 @@ void eng_bm_destroy(eng_bm_t **self_p);
 /* Copies host tensor `name` (an HF LlamaForCausalLM parameter name, in cfg->wdtype) into the
    model. ANV_ENOTFOUND for an unknown name, ANV_EFORMAT for a wrong size. */
 int eng_bm_load(eng_bm_t *self, const char *name, const void *host, size_t bytes);
+
+/* Decode steps (every sequence one token, rows = 0 .. n-1) through the backend's graph_step
+   (CUDA graphs, one per batch bucket and block-table stride) when on and the backend has it;
+   other steps run op by op. Off by default. */
+void eng_bm_set_graphs(eng_bm_t *self, int on);
+int eng_bm_graphs(const eng_bm_t *self);
+/* Steps that went through graph_step so far. */
+long long eng_bm_graph_steps(const eng_bm_t *self);
+/* The batch bucket of n sequences: 1, 2, 4, 8, then multiples of 16 up to 256, then of 64. */
+int eng_bm_bucket(int n);
+
+/* Copies KV block src to dst in every layer (copy-on-write of a shared partial block). */
+int eng_bm_kv_copy(eng_bm_t *self, int src, int dst);
+/* Fills every KV pool with random values (a synthetic context for decode-only runs). */
+int eng_bm_kv_fill(eng_bm_t *self, eng_bm_fill_fn fill, uint64_t seed);
 
 /* Bytes of all weights (what one decode step must read). */
 size_t eng_bm_weight_bytes(const eng_bm_t *self);

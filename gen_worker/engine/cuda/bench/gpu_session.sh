@@ -1,0 +1,204 @@
+#!/bin/bash
+# gpu_session.sh - everything the CUDA engine needs measured on the GPU machine, in one run.
+#
+#   gpu_session.sh BUILD_DIR OUT [--dry] [--budget SECONDS]
+#
+# BUILD_DIR holds the prebuilt binaries (anvil-bench-engine, anvil-generate, test_cuda_ops,
+# test_cuda_model, test_cuda_graphs, eng_cuda_hfcheck; found by name anywhere below it, so a
+# carried folder of just those files works too). OUT receives one log per step plus
+# summary.txt (step, exit status, seconds). Steps, in priority order, each under its own
+# `timeout` and never past the overall budget (default 530 s, to fit a 9-minute command):
+#
+#   ckpt_write   (background, CPU only, from the start) an 8B-shaped random bf16 checkpoint
+#                (tiny_model.py --shape seed-coder-8b) on local disk
+#   graphs_test  test_cuda_graphs: greedy tokens with graphs == without, batch 1, 3, 16
+#   ops_test     test_cuda_ops: every op against the CPU reference
+#   model_test   test_cuda_model: the whole model against the CPU backend
+#   bench        anvil-bench-engine --cuda-graphs: decode at batch 1/16/64/256 (prompt 512,
+#                256 new) graphs off and on, decode_ctx batch 256 at 2k, grpo 64 x 8 with
+#                1k prompts and lengths 128..640 (scaled down from 4k to fit)
+#   load_8b      anvil-generate --backend cuda on the 8B checkpoint, 1 token: the engine's
+#                "weights: ... GB/s" line (page cache warm: written just before), twice
+#   gen_graphs   generate_graphs.sh: the engine with and without --cuda-graphs
+#   hf_peer      hf_peer_bench.py: HF transformers generate at the same decode batches
+#   vs_hf        hf_compare.py: the engine against HF on a 2-layer Seed-Coder shape
+#   memcheck     memcheck.sh: compute-sanitizer memcheck on a short whole-model run
+#
+# --dry runs the same plan where it can without a GPU: the bench on the CPU backend at the
+# tiny shape, a small checkpoint through the fast writer and its load on the CPU, the GPU
+# binaries (which exit 77, reported as skipped); used to check this script off the GPU.
+set -u
+if [ $# -lt 2 ]; then
+    echo "usage: gpu_session.sh BUILD_DIR OUT [--dry] [--budget SECONDS]" >&2
+    exit 2
+fi
+BUILD=$(cd "$1" && pwd) || exit 2
+OUT=$2
+shift 2
+DRY=0
+BUDGET=530
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --dry) DRY=1; shift ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    *) echo "gpu_session.sh: unknown argument '$1'" >&2; exit 2 ;;
+    esac
+done
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+SRC=$(cd "$(dirname "$0")/../../../.." && pwd)
+PY=${ANVIL_PYTHON:-$(command -v python3)}
+export ANVIL_PYTHON=$PY ANVIL_SOURCE_DIR=$SRC
+START=$(date +%s)
+DEADLINE=$((START + BUDGET))
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+
+log() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/session.log"; }
+
+# bin NAME: the executable NAME under BUILD_DIR (first match), or nothing
+bin() { find "$BUILD" -name "$1" -type f -perm -u+x 2>/dev/null | head -1; }
+
+# step NAME TIMEOUT CMD...: runs CMD with its output in OUT/NAME.log, at most TIMEOUT seconds
+# and never past the deadline; records rc (77 = skipped, 124 = timed out) in summary.txt
+step() {
+    local name=$1 limit=$2
+    shift 2
+    local left=$((DEADLINE - $(date +%s) - 5))
+    if [ "$left" -lt 15 ]; then
+        log "$name: SKIPPED (budget spent)"
+        printf '%-12s rc=%-4s %5ss  %s\n' "$name" "-" 0 "not run: budget spent" >> "$SUMMARY"
+        return 0
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    log "$name: start (timeout ${limit}s): $*"
+    local t0 rc
+    t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    local dt=$(( $(date +%s) - t0 ))
+    local what=passed
+    case $rc in
+    0) what=passed ;;
+    77) what=skipped ;;
+    124|137) what="TIMED OUT" ;;
+    *) what=FAILED ;;
+    esac
+    log "$name: $what (rc $rc, ${dt}s)"
+    printf '%-12s rc=%-4s %5ss  %s\n' "$name" "$rc" "$dt" "$what" >> "$SUMMARY"
+    return 0
+}
+
+need() { # need NAME: path of a binary or a failing placeholder
+    local p
+    p=$(bin "$1")
+    if [ -z "$p" ]; then
+        log "missing binary $1 under $BUILD"
+        echo "false"
+    else
+        echo "$p"
+    fi
+}
+
+BENCH=$(need anvil-bench-engine)
+GEN=$(need anvil-generate)
+T_OPS=$(need test_cuda_ops)
+T_MODEL=$(need test_cuda_model)
+T_GRAPHS=$(need test_cuda_graphs)
+HFCHECK=$(need eng_cuda_hfcheck)
+TESTS=$SRC/tests/engine_cuda
+TOOLS=$SRC/gen_worker/engine/tools
+BENCHDIR=$SRC/gen_worker/engine/cuda/bench
+
+{
+    echo "date: $(date -u)"
+    echo "dry: $DRY budget: $BUDGET s"
+    echo "source: $SRC build: $BUILD"
+    echo "python: $PY $("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1)"
+    echo "cores: $(nproc)"
+    nvidia-smi 2>&1 | head -15
+    for b in "$BENCH" "$GEN" "$T_OPS"; do ldd "$b" 2>&1 | grep -i "not found"; done
+    df -h "$OUT" 2>&1 | tail -1
+} > "$OUT/env.txt" 2>&1
+log "env written to $OUT/env.txt"
+
+# The checkpoint directory: local disk with room for 16 GB (OUT comes back to the caller, so
+# the checkpoint must not live under it).
+CKPT=${CKPT_DIR:-/tmp/anvil-ckpt-8b}
+rm -rf "$CKPT"
+if [ $DRY = 1 ]; then
+    CKPT_ARGS=(--shape seed-coder-8b --layers 2 --hidden 256 --heads 4 --kv-heads 2 --ffn 512
+               --vocab 8192 --shard-gb 0.003)
+else
+    CKPT_ARGS=(--shape seed-coder-8b --shard-gb 5)
+fi
+log "ckpt_write: background: $PY $TOOLS/tiny_model.py $CKPT ${CKPT_ARGS[*]}"
+( t0=$(date +%s)
+  timeout 400 "$PY" "$TOOLS/tiny_model.py" "$CKPT" "${CKPT_ARGS[@]}" > "$OUT/ckpt_write.log" 2>&1
+  echo "rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$OUT/ckpt_write.log" ) &
+CKPT_PID=$!
+
+if [ $DRY = 1 ]; then
+    BENCH_ARGS=(--backend cpu --shape tiny --threads 4 --batches 1,16 --prompt 16 --new 8
+                --ctx-batch 4 --ctx-len 64 --ctx-new 8 --grpo-prompts 8 --grpo-samples 8
+                --grpo-prompt 32 --grpo-min-new 4 --grpo-max-new 24 --cuda-graphs)
+else
+    BENCH_ARGS=(--cuda-graphs --batches 1,16,64,256 --prompt 512 --new 256
+                --ctx-batch 256 --ctx-len 2048 --ctx-new 256
+                --grpo-prompts 64 --grpo-samples 8 --grpo-prompt 1024
+                --grpo-min-new 128 --grpo-max-new 640)
+fi
+
+step graphs_test 90 "$T_GRAPHS"
+step ops_test 90 "$T_OPS"
+step model_test 90 "$T_MODEL"
+step bench 200 "$BENCH" "${BENCH_ARGS[@]}"
+
+# the 8B load: wait for the writer (it has been running since the start)
+left=$((DEADLINE - $(date +%s) - 60))
+[ $left -lt 1 ] && left=1
+for _ in $(seq 1 "$left"); do kill -0 $CKPT_PID 2>/dev/null || break; sleep 1; done
+if kill -0 $CKPT_PID 2>/dev/null; then
+    log "ckpt_write: still running, stopped"
+    kill $CKPT_PID 2>/dev/null
+fi
+wait $CKPT_PID 2>/dev/null
+log "ckpt_write: $(tail -1 "$OUT/ckpt_write.log")"
+printf '%-12s %s  %s\n' ckpt_write "$(tail -1 "$OUT/ckpt_write.log")" \
+    "$(grep -o 'bytes=[0-9]* seconds=[0-9.]* gb_s=[0-9.]*' "$OUT/ckpt_write.log")" >> "$SUMMARY"
+if [ -f "$CKPT/model.safetensors.index.json" ]; then
+    be=cuda
+    [ $DRY = 1 ] && be=cpu
+    # two loads, the second with the file pages surely cached
+    step load_8b 150 bash -c 'set -o pipefail; for i in 1 2; do
+            "$0" --model "$1" --backend "$2" --prompt "def f(x):" --max-tokens 1 \
+                --temperature 0 --kv-blocks 64 2>&1 | grep -E "weights:|error" || exit 1
+        done' "$GEN" "$CKPT" "$be"
+    grep -h "weights:" "$OUT/load_8b.log" | sed 's/^.*weights:/load_8b weights:/' >> "$SUMMARY"
+else
+    log "load_8b: no checkpoint (see ckpt_write.log)"
+    printf '%-12s rc=%-4s %5ss  %s\n' load_8b "-" 0 "not run: no checkpoint" >> "$SUMMARY"
+fi
+rm -rf "$CKPT"
+
+if [ $DRY = 1 ]; then
+    step gen_graphs 120 env BACKEND=cpu "$TESTS/generate_graphs.sh" "$GEN"
+    log "hf_peer: needs the GPU, not run in --dry"
+else
+    step gen_graphs 120 "$TESTS/generate_graphs.sh" "$GEN"
+    step hf_peer 150 "$PY" "$BENCHDIR/hf_peer_bench.py" --batches 1,16,64,256 --prompt 512 \
+        --new 256
+fi
+step vs_hf 120 "$PY" "$TESTS/hf_compare.py" "$HFCHECK"
+step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
+
+# figures: the bench's lines and the peer's next to each other
+{
+    echo "== bench"
+    grep -E "^(device|decode|decode_ctx|grpo|summary)" "$OUT/bench.log" 2>/dev/null
+    echo "== hf peer"
+    grep -E "^hf_" "$OUT/hf_peer.log" 2>/dev/null
+} > "$OUT/figures.txt"
+log "done in $(( $(date +%s) - START ))s; summary:"
+cat "$SUMMARY" | tee -a "$OUT/session.log"
+exit 0

@@ -1,0 +1,60 @@
+#!/bin/bash
+# bench_cpu.sh - anvil-bench-engine's workload logic on the CPU backend at a tiny shape.
+#
+# Usage: bench_cpu.sh PATH/anvil-bench-engine. Runs every configuration (decode lines, the
+# long-context decode line, a GRPO-shaped job) and checks the output format (one line per
+# configuration, then a summary; --json one object per line) and the GRPO bookkeeping: one
+# prefill per prompt (prefix sharing), every sample finished at its drawn length, and the
+# same tokens (hash) as the run that prefills every sample on its own. The KV is limited so
+# that admission has to wait for finished samples.
+set -u
+bin=$1
+fail=0
+check() { # check NAME CONDITION-STATUS
+    if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi
+}
+field() { # field LINE KEY
+    echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1
+}
+common=(--backend cpu --shape tiny --threads 2 --prompt 8 --new 4
+        --ctx-batch 2 --ctx-len 40 --ctx-new 4
+        --grpo-prompts 6 --grpo-samples 4 --grpo-prompt 21 --grpo-min-new 1
+        --grpo-max-new 40 --grpo-chunk 40 --kv-blocks 40)
+out=$("$bin" "${common[@]}" --batches 1,3)
+rc=$?
+echo "$out"
+check "bench exits 0" $rc
+[ "$(echo "$out" | grep -c '^decode batch=')" -eq 2 ]; check "two decode lines" $?
+[ "$(echo "$out" | grep -c '^decode_ctx batch=2 ')" -eq 1 ]; check "one decode_ctx line" $?
+[ "$(echo "$out" | tail -1 | cut -d' ' -f1)" = summary ]; check "summary line last" $?
+g=$(echo "$out" | grep '^grpo ')
+[ -n "$g" ]; check "grpo line" $?
+[ "$(field "$g" prefills)" = 6 ]; check "prefills = prompts (prefix sharing)" $?
+[ "$(field "$g" finished)" = 24 ]; check "every sample finished" $?
+[ -n "$(field "$g" generated)" ] && [ "$(field "$g" generated)" = "$(field "$g" expected)" ]
+check "generated = sum of drawn lengths" $?
+cap=$(field "$g" kv_capacity_tokens); peak=$(field "$g" kv_peak_tokens)
+[ -n "$peak" ] && [ "$peak" -gt 0 ] && [ "$peak" -le "$cap" ]; check "kv peak within capacity" $?
+[ "$(field "$g" peak_running)" -lt 24 ]; check "admission limited by the KV" $?
+for tok in tok_s ms_step frac_copy; do
+    v=$(field "$(echo "$out" | grep '^decode batch=1 ')" $tok)
+    awk -v v="$v" 'BEGIN { exit !(v + 0 > 0) }'; check "decode batch=1 $tok > 0" $?
+done
+
+ns=$("$bin" "${common[@]}" --batches none --ctx-batch 0 --grpo-no-sharing | grep '^grpo ')
+[ "$(field "$ns" prefills)" = 24 ]; check "without sharing: one prefill per sample" $?
+[ -n "$(field "$g" tokens_hash)" ] && [ "$(field "$g" tokens_hash)" = "$(field "$ns" tokens_hash)" ]
+check "same tokens with and without prefix sharing" $?
+
+js=$("$bin" "${common[@]}" --batches 2 --json)
+check "json run exits 0" $?
+[ "$(echo "$js" | grep -c '^{"bench":')" -eq "$(echo "$js" | wc -l)" ]; check "json: objects only" $?
+echo "$js" | grep -q '"bench":"grpo".*"prefills":6,'; check "json grpo prefills" $?
+echo "$js" | tail -1 | grep -q '"bench":"summary"'; check "json summary last" $?
+
+"$bin" --backend cpu --shape tiny --batches 0 >/dev/null 2>&1
+[ $? -eq 2 ]; check "bad --batches refused (exit 2)" $?
+"$bin" --backend cpu --shape tiny --batches none --ctx-batch 0 --grpo-prompts 2 \
+    --grpo-prompt 16 --grpo-min-new 200 --grpo-max-new 300 --kv-blocks 8 >/dev/null 2>&1
+[ $? -eq 1 ]; check "a group larger than the KV is an error (exit 1)" $?
+exit $fail
