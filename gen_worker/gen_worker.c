@@ -590,6 +590,7 @@ gen_worker_t *gen_worker_new(const gen_worker_config_t *cfg)
         .kv_bytes = cfg->kv_mb > 0 ? (size_t)cfg->kv_mb << 20 : 0,
         .max_batch_tokens = cfg->max_batch_tokens,
         .weight_version = cfg->weight_version,
+        .cuda_graphs = cfg->cuda_graphs,
     };
     int64_t t0 = anv_now_ms();
     w->eng = eng_engine_new(&eo, err, sizeof err);

@@ -46,6 +46,7 @@ typedef struct {
     uint64_t weight_version;     /* version of the weights in model_dir */
     int64_t grace_ms;            /* drain grace period */
     const char *ready_file;      /* written once the broker has answered, removed at exit */
+    bool cuda_graphs;            /* CUDA backend: decode steps as CUDA graphs */
     const char *curve_secret;    /* own zcert secret file; NULL/"" = no CURVE */
     const char *curve_server;    /* the broker's public key file */
 } gen_worker_config_t;

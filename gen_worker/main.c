@@ -30,7 +30,7 @@ int main(int argc, char **argv)
     char *broker = NULL, *model = NULL, *backend = NULL, *worker_id = NULL, *gpus = NULL;
     char *ready_file = NULL, *log_level = NULL, *curve_secret = NULL, *curve_server = NULL;
     int64_t gpu, slots, threads, kv_mb, max_batch, max_tokens, version, grace_ms;
-    bool log_json = false;
+    bool log_json = false, cuda_graphs = false;
     const anv_cfg_opt_t opts[] = {
         {"broker", ANV_CFG_STR, "tcp://127.0.0.1:5556", 0, -1, "broker worker endpoint", &broker,
          false},
@@ -54,6 +54,8 @@ int main(int argc, char **argv)
          &version, false},
         {"grace-ms", ANV_CFG_INT, "30000", 0, 3600000, "drain grace period on SIGTERM",
          &grace_ms, false},
+        {"cuda-graphs", ANV_CFG_BOOL, "false", 0, 0, "CUDA backend: decode steps as CUDA graphs",
+         &cuda_graphs, false},
         {"ready-file", ANV_CFG_STR, NULL, 0, -1, "file written once registered (readiness)",
          &ready_file, false},
         {"curve-secret", ANV_CFG_STR, NULL, 0, -1, "own zcert secret key file (CURVE)",
@@ -141,6 +143,7 @@ int main(int argc, char **argv)
         .weight_version = (uint64_t)version,
         .grace_ms = grace_ms,
         .ready_file = ready_file,
+        .cuda_graphs = cuda_graphs,
         .curve_secret = curve_secret,
         .curve_server = curve_server,
     };
