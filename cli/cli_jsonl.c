@@ -869,7 +869,10 @@ int cli_jsonl_rewind(cli_jsonl_t *self)
     clearerr(self->f);
     self->line = 0;
     self->fmt = CLI_FMT_UNKNOWN;
-    memset(self->ids, 0, self->ids_cap * sizeof *self->ids);
+    /* the duplicate table is made by the first task: a file without one has none to clear
+       (memset of NULL is undefined even for 0 bytes) */
+    if (self->ids)
+        memset(self->ids, 0, self->ids_cap * sizeof *self->ids);
     self->ids_n = 0;
     return 0;
 }

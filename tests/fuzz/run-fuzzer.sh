@@ -4,7 +4,7 @@
 # out-of-memory or sanitizer report fails the test and leaves the reproducer in the scratch
 # dir, named in the output (copy it into CORPUS as a regression input).
 set -uo pipefail
-target=$1 corpus=$2 seconds=$3
+target=$(readlink -f "$1") corpus=$(readlink -f "$2") seconds=$3
 work=$(mktemp -d "${TMPDIR:-/tmp}/anvil-fuzz.XXXXXX")
 mkdir -p "$work/corpus"
 cp -r "$corpus"/. "$work/corpus/" 2>/dev/null || true
