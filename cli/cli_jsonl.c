@@ -768,6 +768,12 @@ static int s_read_line(cli_jsonl_t *self, size_t *len)
     bool over = false;
     int c;
     *len = 0;
+    if (!self->buf) { /* an empty first line needs room for its terminator too (it wrote to
+                         NULL: `anvil submit` crashed on a file starting with a blank line) */
+        if (!(self->buf = malloc(4096)))
+            return -ENOMEM;
+        self->cap = 4096;
+    }
     while ((c = getc_unlocked(self->f)) != EOF && c != '\n') {
         if (over)
             continue;
