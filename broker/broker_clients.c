@@ -72,12 +72,15 @@ static int s_create_args(broker_t *b, Anvil__JobSpec *spec, char job_id[ANV_ID_S
         spec->has_max_attempts = 1;
         spec->max_attempts = (uint32_t)b->cfg.max_attempts;
     }
+    /* the broker names the job: whatever id the client sent is not stored, and its string
+       stays with the message (freed with it; overwriting it leaked it, found by fuzz_broker) */
+    char *client_id = spec->id;
     spec->id = job_id;
     *len = anvil__job_spec__get_packed_size(spec);
     *buf = malloc(*len ? *len : 1);
     if (*buf)
         anvil__job_spec__pack(spec, *buf);
-    spec->id = NULL;
+    spec->id = client_id;
     if (!*buf)
         return -ENOMEM;
     broker_args_reset(b->args, "create_submit");

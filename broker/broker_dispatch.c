@@ -664,19 +664,20 @@ void broker_on_gen_result(broker_t *b, broker_worker_t *w, Anvil__GenResult *r)
     if (!p)
         return;
     /* the lease, not the worker, says what this sample is */
+    char *wid = sm->worker_id, *jid = sm->job_id; /* the worker's, freed with the message */
     sm->job_id = job;
     sm->has_task_index = 1;
     sm->task_index = t;
     sm->has_attempt = 1;
     sm->attempt = att;
-    char *wid = sm->worker_id;
     if (w)
         sm->worker_id = w->id;
     size_t len = anvil__sample__get_packed_size(sm);
     p->payload = malloc(len ? len : 1);
     if (p->payload)
         p->len = anvil__sample__pack(sm, p->payload);
-    sm->job_id = NULL; /* borrowed pointers must not be freed with the message */
+    sm->job_id = jid; /* borrowed pointers must not be freed with the message (NULLing the
+                         job id leaked what the worker sent, found by fuzz_broker) */
     sm->worker_id = wid;
     if (!p->payload) {
         b->n_pending--;

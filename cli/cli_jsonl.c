@@ -812,6 +812,12 @@ static int s_read_line(cli_jsonl_t *self, size_t *len)
     bool over = false;
     int c;
     *len = 0;
+    if (!self->buf) { /* an empty first line needs room for its terminator too (it wrote to
+                         NULL: `anvil submit` crashed on a file starting with a blank line) */
+        if (!(self->buf = malloc(4096)))
+            return -ENOMEM;
+        self->cap = 4096;
+    }
     while ((c = getc_unlocked(self->f)) != EOF && c != '\n') {
         if (over)
             continue;
@@ -913,7 +919,10 @@ int cli_jsonl_rewind(cli_jsonl_t *self)
     clearerr(self->f);
     self->line = 0;
     self->fmt = CLI_FMT_UNKNOWN;
-    memset(self->ids, 0, self->ids_cap * sizeof *self->ids);
+    /* the duplicate table is made by the first task: a file without one has none to clear
+       (memset of NULL is undefined even for 0 bytes) */
+    if (self->ids)
+        memset(self->ids, 0, self->ids_cap * sizeof *self->ids);
     self->ids_n = 0;
     return 0;
 }

@@ -11,11 +11,11 @@
 #include "anv_config.h"
 #include "anv_error.h"
 #include "anv_log.h"
+#include "exec_batch.h"
 #include "exec_reward.h"
 #include "exec_score.h"
 #include "exec_serve.h"
 
-#include <cjson/cJSON.h>
 #include <czmq.h>
 #include <errno.h>
 #include <libgen.h>
@@ -195,43 +195,35 @@ static int s_batch(exec_scorer_t *sc, const exec_spec_t *base)
         ANV_ERROR("cannot open '%s': %s", C.score_batch, strerror(errno));
         return 1;
     }
-    char dirbuf[PATH_MAX], line[65536];
+    char dirbuf[PATH_MAX], err[256];
     snprintf(dirbuf, sizeof dirbuf, "%s", C.score_batch);
     const char *dir = dirname(dirbuf);
     int failures = 0, lineno = 0;
-    while (fgets(line, sizeof line, f)) {
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    /* getline: a line of any length is one line (fgets into a fixed buffer split long ones) */
+    while ((n = getline(&line, &cap, f)) >= 0) {
         lineno++;
-        cJSON *j = cJSON_Parse(line);
-        if (!j) {
-            if (line[strspn(line, " \t\r\n")])
-                ANV_ERROR("'%s' line %d: not JSON", C.score_batch, lineno);
-            failures += line[strspn(line, " \t\r\n")] != 0;
+        exec_batch_item_t it;
+        int rc = exec_batch_parse(line, (size_t)n, dir, &it, err, sizeof err);
+        if (rc == 0)
             continue;
-        }
-        const cJSON *k = cJSON_GetObjectItem(j, "kind"), *t = cJSON_GetObjectItem(j, "task");
-        const cJSON *c = cJSON_GetObjectItem(j, "candidate"), *g = cJSON_GetObjectItem(j, "globals");
-        const cJSON *st = cJSON_GetObjectItem(j, "static_checks");
-        if (!cJSON_IsString(t) || !cJSON_IsString(c)) {
-            ANV_ERROR("'%s' line %d: needs \"task\" and \"candidate\"", C.score_batch, lineno);
+        if (rc < 0) {
+            ANV_ERROR("'%s' line %d: %s", C.score_batch, lineno,
+                      rc == ANV_EFORMAT ? err : anv_strerror(rc));
             failures++;
-            cJSON_Delete(j);
             continue;
         }
-        char tp[PATH_MAX], cp[PATH_MAX];
-        snprintf(tp, sizeof tp, "%s%s%s", t->valuestring[0] == '/' ? "" : dir,
-                 t->valuestring[0] == '/' ? "" : "/", t->valuestring);
-        snprintf(cp, sizeof cp, "%s%s%s", c->valuestring[0] == '/' ? "" : dir,
-                 c->valuestring[0] == '/' ? "" : "/", c->valuestring);
-        char *gs = cJSON_IsObject(g) ? cJSON_PrintUnformatted(g) : NULL;
         exec_spec_t spec = *base;
-        if (cJSON_IsBool(st))
-            spec.static_checks = cJSON_IsTrue(st);
-        if (s_one(sc, cJSON_IsString(k) ? k->valuestring : C.kind, tp, cp,
-                  gs ? gs : C.globals, &spec) != 0)
+        if (it.static_checks >= 0)
+            spec.static_checks = it.static_checks;
+        if (s_one(sc, it.kind ? it.kind : C.kind, it.task_path, it.cand_path,
+                  it.globals ? it.globals : C.globals, &spec) != 0)
             failures++;
-        free(gs);
-        cJSON_Delete(j);
+        exec_batch_item_release(&it);
     }
+    free(line);
     fclose(f);
     return failures ? 1 : 0;
 }

@@ -298,6 +298,39 @@ static void test_many_ids_and_rewind(void **state)
     cli_jsonl_destroy(&r);
 }
 
+/* fuzz_jsonl found it (corpus/jsonl/crash-rewind-without-tasks): rewinding a file in which
+   no line made a task cleared a duplicate table that was never allocated (memset(NULL), which
+   UBSan reports); both passes must report the same malformed lines */
+static void test_rewind_without_tasks(void **state)
+{
+    cli_jsonl_t *r = s_open("none.jsonl", "{\"custom_id\": \"r1\", \"body\": {\n\n{bad\n");
+    for (int pass = 0; pass < 2; pass++) {
+        Anvil__Task *t = NULL;
+        assert_int_equal(cli_jsonl_next(r, &t), ANV_EFORMAT);
+        assert_contains(cli_jsonl_errstr(r), "line 1:");
+        assert_int_equal(cli_jsonl_next(r, &t), ANV_EFORMAT);
+        assert_contains(cli_jsonl_errstr(r), "line 3:");
+        assert_int_equal(cli_jsonl_next(r, &t), 0);
+        assert_null(t);
+        assert_int_equal(cli_jsonl_rewind(r), 0);
+    }
+    cli_jsonl_destroy(&r);
+}
+
+/* fuzz_jsonl found it (corpus/jsonl/crash-blank-first-line): a blank first line was
+   terminated in a line buffer not yet allocated (a write through NULL) */
+static void test_blank_first_line(void **state)
+{
+    cli_jsonl_t *r = s_open("blank.jsonl", "\n\n{\"prompt\": \"after blanks\"}\n");
+    Anvil__Task *t = NULL;
+    assert_int_equal(cli_jsonl_next(r, &t), 1);
+    assert_string_equal(t->prompt, "after blanks");
+    assert_int_equal(cli_jsonl_line(r), 3);
+    cli_task_free(&t);
+    assert_int_equal(cli_jsonl_next(r, &t), 0);
+    cli_jsonl_destroy(&r);
+}
+
 static void test_oversize_line_skipped(void **state)
 {
     char path[512];
@@ -369,6 +402,8 @@ int main(void)
         cmocka_unit_test(test_openai_malformed),
         cmocka_unit_test(test_duplicates_and_mixed_formats),
         cmocka_unit_test(test_many_ids_and_rewind),
+        cmocka_unit_test(test_rewind_without_tasks),
+        cmocka_unit_test(test_blank_first_line),
         cmocka_unit_test(test_oversize_line_skipped),
         cmocka_unit_test(test_open_errors_and_stdin),
     };

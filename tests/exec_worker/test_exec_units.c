@@ -76,7 +76,8 @@ static void s_rec(FILE *f, uint32_t dt, const int64_t *shape, uint32_t ndim, con
     uint32_t h[4] = {0x54564E41u, dt, ndim, (uint32_t)strlen(key)};
     fwrite(h, 4, 4, f);
     fwrite(&nbytes, 8, 1, f);
-    fwrite(shape, 8, ndim, f);
+    if (ndim) /* fwrite(NULL, ..) is undefined even for 0 items (UBSan) */
+        fwrite(shape, 8, ndim, f);
     fwrite(key, 1, strlen(key), f);
     size_t head = 24 + 8 * ndim + strlen(key);
     static const char zero[8];
