@@ -11,6 +11,7 @@
 #include "anv_error.h"
 #include "anv_log.h"
 #include "anv_time.h"
+#include "broker_auth.h"
 #include "broker_internal.h"
 
 #include <cjson/cJSON.h>
@@ -242,6 +243,15 @@ static void s_socket_metrics(broker_t *b, s_buf_t *o)
     const char *sock[2] = {"worker", "client"};
     s_one(o, "messages_dropped_total", "counter",
           "Messages dropped without being delivered, retried or dead-lettered (always 0).", 0);
+    s_one(o, "curve_enabled", "gauge", "1 when both sockets are CURVE servers.", b->auth ? 1 : 0);
+    s_one(o, "curve_allowed_keys", "gauge", "Public keys in the --curve-allow directory.",
+          b->auth ? (double)broker_auth_keys(b->auth) : 0);
+    s_head(o, "curve_handshakes_total", "counter",
+           "CURVE handshakes by the allow-list's verdict (refused ones are logged with the key).");
+    s_printf(o, "anvil_curve_handshakes_total{verdict=\"allowed\"} %" PRIu64 "\n",
+             b->auth ? broker_auth_allowed(b->auth) : 0);
+    s_printf(o, "anvil_curve_handshakes_total{verdict=\"refused\"} %" PRIu64 "\n",
+             b->auth ? broker_auth_refused(b->auth) : 0);
     s_head(o, "messages_rejected_total", "counter",
            "Received messages refused as invalid input, by socket and reason.");
     for (int i = 0; i < 2; i++) {

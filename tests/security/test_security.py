@@ -13,8 +13,10 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
+import urllib.request
 
 import pytest
 import zmq
@@ -35,6 +37,11 @@ def need(*names):
 def curve_cluster(tmp_path):
     need("anvil", "anvil-broker")
     c = anvil_cluster.Cluster(str(tmp_path / "cluster"), curve=True)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    c.metrics_port = s.getsockname()[1]
+    s.close()
+    c.broker_args += ["--metrics-endpoint", "127.0.0.1:%d" % c.metrics_port]
     c.start_redis()
     c.start_broker()
     yield c
@@ -166,6 +173,16 @@ def test_unknown_key_is_refused_and_logged(curve_cluster, tiny_model):
     assert [w["worker_id"] for w in ws] == ["gen0"], ws
     assert c.procs["bad0"].poll() is None  # it keeps trying; nothing crashed
     assert c.procs["broker"].poll() is None
+    # /metrics counts the verdicts: refusals of the rogue client and worker, the allowed
+    # connections of the real ones, and the allow-list's size
+    m = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % c.metrics_port, timeout=10)
+    m = dict(line.rsplit(" ", 1) for line in m.read().decode().splitlines()
+             if line and not line.startswith("#"))
+    assert m["anvil_curve_enabled"] == "1"
+    assert float(m['anvil_curve_handshakes_total{verdict="refused"}']) >= 2
+    assert float(m['anvil_curve_handshakes_total{verdict="allowed"}']) >= 2
+    assert float(m["anvil_curve_allowed_keys"]) == len(
+        [f for f in os.listdir(c.key("allow")) if not f.startswith(".")])
 
 
 def test_client_without_keys_gets_nothing(curve_cluster, anvil_client):
