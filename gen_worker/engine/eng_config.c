@@ -122,19 +122,38 @@ static bool s_bool(const cJSON *o, const char *key, bool def)
     return cJSON_IsBool(j) ? cJSON_IsTrue(j) : def;
 }
 
-static void s_add_eos(eng_model_config_t *cfg, const cJSON *j)
+/* A JSON number in [lo, hi] (and whole when `whole`): anything else, huge or fractional
+   values included, is refused before a cast could overflow (the fuzzer found eos ids of 1e66). */
+static bool s_num_in(const cJSON *j, double lo, double hi, bool whole)
+{
+    return cJSON_IsNumber(j) && j->valuedouble >= lo && j->valuedouble <= hi &&
+           (!whole || j->valuedouble == floor(j->valuedouble));
+}
+
+static int s_add_eos(eng_model_config_t *cfg, const cJSON *j, const char *file, char *err,
+                     size_t errlen)
 {
     if (cJSON_IsNumber(j)) {
+        if (!s_num_in(j, 0, 2147483647.0, true)) {
+            snprintf(err, errlen, "%s: eos_token_id %g is not a token id", file, j->valuedouble);
+            return ANV_EFORMAT;
+        }
         int id = (int)j->valuedouble;
         for (int i = 0; i < cfg->n_eos; i++)
             if (cfg->eos_ids[i] == id)
-                return;
-        if (cfg->n_eos < ENG_MAX_EOS && id >= 0)
+                return 0;
+        if (cfg->n_eos < ENG_MAX_EOS)
             cfg->eos_ids[cfg->n_eos++] = id;
     } else if (cJSON_IsArray(j)) {
         const cJSON *e;
-        cJSON_ArrayForEach(e, j) s_add_eos(cfg, e);
+        cJSON_ArrayForEach(e, j)
+        {
+            int rc = s_add_eos(cfg, e, file, err, errlen);
+            if (rc)
+                return rc;
+        }
     }
+    return 0;
 }
 
 static int s_generation_config(const char *dir, eng_model_config_t *cfg, char *err, size_t errlen)
@@ -145,27 +164,46 @@ static int s_generation_config(const char *dir, eng_model_config_t *cfg, char *e
     cJSON *g = s_load_json(path, err, errlen, &rc);
     if (!g)
         return rc == -ENOENT ? 0 : rc;
-    s_add_eos(cfg, cJSON_GetObjectItemCaseSensitive(g, "eos_token_id"));
+    const char *bad = NULL;
+    rc = s_add_eos(cfg, cJSON_GetObjectItemCaseSensitive(g, "eos_token_id"),
+                   "generation_config.json", err, errlen);
+    if (rc)
+        goto out;
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(g, "bos_token_id");
-    if (cfg->bos_id < 0 && cJSON_IsNumber(b))
-        cfg->bos_id = (int)b->valuedouble;
+    if (cfg->bos_id < 0 && cJSON_IsNumber(b)) {
+        if (!s_num_in(b, 0, 2147483647.0, true))
+            bad = "bos_token_id";
+        else
+            cfg->bos_id = (int)b->valuedouble;
+    }
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(g, "temperature");
-    if (cJSON_IsNumber(t)) {
+    if (!bad && cJSON_IsNumber(t)) {
+        if (!s_num_in(t, 0, 1e6, false))
+            bad = "temperature";
         cfg->has_temperature = true;
-        cfg->temperature = (float)t->valuedouble;
+        cfg->temperature = bad ? 0 : (float)t->valuedouble;
     }
     t = cJSON_GetObjectItemCaseSensitive(g, "top_p");
-    if (cJSON_IsNumber(t)) {
+    if (!bad && cJSON_IsNumber(t)) {
+        if (!s_num_in(t, 0, 1, false))
+            bad = "top_p";
         cfg->has_top_p = true;
-        cfg->top_p = (float)t->valuedouble;
+        cfg->top_p = bad ? 1 : (float)t->valuedouble;
     }
     t = cJSON_GetObjectItemCaseSensitive(g, "top_k");
-    if (cJSON_IsNumber(t)) {
+    if (!bad && cJSON_IsNumber(t)) {
+        if (!s_num_in(t, 0, 2147483647.0, true))
+            bad = "top_k";
         cfg->has_top_k = true;
-        cfg->top_k = (int)t->valuedouble;
+        cfg->top_k = bad ? 0 : (int)t->valuedouble;
     }
+    if (bad) {
+        snprintf(err, errlen, "generation_config.json: '%s' is out of range", bad);
+        rc = ANV_EFORMAT;
+    }
+out:
     cJSON_Delete(g);
-    return 0;
+    return rc;
 }
 
 int eng_config_load(const char *dir, eng_model_config_t *cfg, char *err, size_t errlen)
@@ -262,8 +300,10 @@ int eng_config_load(const char *dir, eng_model_config_t *cfg, char *err, size_t 
     }
     cfg->qkv_bias = cfg->arch == ENG_ARCH_QWEN2 || s_bool(c, "attention_bias", false);
     cfg->tied_embeddings = s_bool(c, "tie_word_embeddings", false);
-    s_add_eos(cfg, cJSON_GetObjectItemCaseSensitive(c, "eos_token_id"));
-    rc = s_generation_config(dir, cfg, err, errlen);
+    rc = s_add_eos(cfg, cJSON_GetObjectItemCaseSensitive(c, "eos_token_id"), "config.json", err,
+                   errlen);
+    if (rc == 0)
+        rc = s_generation_config(dir, cfg, err, errlen);
 out:
     cJSON_Delete(c);
     return rc;

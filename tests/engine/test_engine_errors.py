@@ -101,6 +101,24 @@ def test_unknown_architecture_and_features(models, generate_bin, tmp_path):
     _fails(generate_bin, d, "config.json", "not a JSON object")
 
 
+def test_token_ids_and_hints_out_of_range(models, generate_bin, tmp_path):
+    """eos/bos ids and sampling hints that no cast can hold are refused by name (the fuzzer
+    found an eos_token_id of 2.4e66 reaching an int cast: undefined behaviour)."""
+    d = _copy(models, tmp_path)
+    _edit_config(d, eos_token_id=2.4e66)
+    _fails(generate_bin, d, "config.json: eos_token_id 2.4e+66 is not a token id")
+    _edit_config(d, eos_token_id=[2, -1])
+    _fails(generate_bin, d, "eos_token_id -1 is not a token id")
+    _edit_config(d, eos_token_id=2)
+    g = d / "generation_config.json"
+    for hint, v in (("top_k", 1e40), ("top_p", 7), ("temperature", -1)):
+        json.dump({hint: v}, open(g, "w"))
+        _fails(generate_bin, d, "generation_config.json: '%s' is out of range" % hint)
+    json.dump({"top_k": 20, "top_p": 0.9, "temperature": 0.6}, open(g, "w"))
+    p = run_generate(generate_bin, "--model", d, "--prompt", "hello", "--max-tokens", 2)
+    assert p.returncode == 0, p.stderr
+
+
 def test_missing_or_bad_tokenizer(models, generate_bin, tmp_path):
     d = _copy(models, tmp_path)
     tj = json.load(open(d / "tokenizer.json"))
