@@ -30,11 +30,23 @@ bool broker_redis_usable(broker_t *b)
 
 void broker_redis_failed(broker_t *b, const char *what)
 {
-    static int64_t last_log;
+    /* at most one line a second per operation: one shared limit let the renewals' lines hide
+       that a commit failed (results held in memory), which tests and operators look for */
+    static struct {
+        const char *what;
+        int64_t last;
+    } seen[16];
     b->m.redis_errors++;
     b->redis_retry_ms = anv_now_ms() + 200;
-    if (anv_now_ms() - last_log >= 1000) {
-        last_log = anv_now_ms();
+    int64_t now = anv_now_ms();
+    size_t i = 0;
+    while (i < 16 && seen[i].what && strcmp(seen[i].what, what) != 0)
+        i++;
+    if (i == 16)
+        i = 15; /* more operations than slots: the last one is shared */
+    if (!seen[i].what || now - seen[i].last >= 1000) {
+        seen[i].what = what;
+        seen[i].last = now;
         ANV_ERROR("redis %s failed: %s (retrying)", what, broker_store_errstr(b->store));
     }
 }
