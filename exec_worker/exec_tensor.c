@@ -234,6 +234,24 @@ static double s_half(uint16_t h)
     return sign ? -v : v;
 }
 
+/* the two float layouts the comparison reads in bulk (exec_leaf_read) and one at a time */
+static inline double s_f32(const uint8_t *p, uint64_t j)
+{
+    float f;
+    memcpy(&f, p + 4 * j, 4);
+    return f;
+}
+
+static inline double s_bf16(const uint8_t *p, uint64_t j)
+{
+    uint16_t h;
+    memcpy(&h, p + 2 * j, 2);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 double exec_leaf_get(const exec_leaf_t *l, uint64_t j)
 {
     const uint8_t *p = l->data;
@@ -241,11 +259,8 @@ double exec_leaf_get(const exec_leaf_t *l, uint64_t j)
     case EXEC_DT_F32:
     case EXEC_DT_C64:
     case EXEC_DT_F8E4M3:
-    case EXEC_DT_F8E5M2: {
-        float f;
-        memcpy(&f, p + 4 * j, 4);
-        return f;
-    }
+    case EXEC_DT_F8E5M2:
+        return s_f32(p, j);
     case EXEC_DT_F64:
     case EXEC_DT_C128: {
         double d;
@@ -257,14 +272,8 @@ double exec_leaf_get(const exec_leaf_t *l, uint64_t j)
         memcpy(&h, p + 2 * j, 2);
         return s_half(h);
     }
-    case EXEC_DT_BF16: {
-        uint16_t h;
-        memcpy(&h, p + 2 * j, 2);
-        uint32_t u = (uint32_t)h << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
+    case EXEC_DT_BF16:
+        return s_bf16(p, j);
     case EXEC_DT_I8:
         return (int8_t)p[j];
     case EXEC_DT_U8:
@@ -299,25 +308,16 @@ void exec_leaf_read(const exec_leaf_t *l, uint64_t j0, uint64_t n, double *dst)
     case EXEC_DT_C64:
     case EXEC_DT_F8E4M3:
     case EXEC_DT_F8E5M2:
-        for (uint64_t i = 0; i < n; i++) {
-            float f;
-            memcpy(&f, p + 4 * (j0 + i), 4);
-            dst[i] = f;
-        }
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = s_f32(p, j0 + i);
         return;
     case EXEC_DT_F64:
     case EXEC_DT_C128:
         memcpy(dst, p + 8 * j0, 8 * n);
         return;
     case EXEC_DT_BF16:
-        for (uint64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * (j0 + i), 2);
-            uint32_t u = (uint32_t)h << 16;
-            float f;
-            memcpy(&f, &u, 4);
-            dst[i] = f;
-        }
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = s_bf16(p, j0 + i);
         return;
     default:
         for (uint64_t i = 0; i < n; i++)

@@ -632,8 +632,8 @@ int broker_client_send_exec_done(broker_client_t *self, const char *lease_id,
     return broker_client_send(self, &env);
 }
 
-int broker_client_send_unit_failed(broker_client_t *self, const char *lease_id, const char *error,
-                                   bool retryable)
+static int s_unit_failed(broker_client_t *self, const char *lease_id, const char *error,
+                         bool retryable, bool handed_back)
 {
     Anvil__Envelope env;
     Anvil__UnitFailed f = ANVIL__UNIT_FAILED__INIT;
@@ -642,23 +642,22 @@ int broker_client_send_unit_failed(broker_client_t *self, const char *lease_id, 
     f.error = (char *)error;
     f.has_retryable = 1;
     f.retryable = retryable;
+    f.has_handed_back = handed_back;
+    f.handed_back = handed_back;
     env.body_case = ANVIL__ENVELOPE__BODY_UNIT_FAILED;
     env.unit_failed = &f;
     return broker_client_send(self, &env);
 }
 
+int broker_client_send_unit_failed(broker_client_t *self, const char *lease_id, const char *error,
+                                   bool retryable)
+{
+    return s_unit_failed(self, lease_id, error, retryable, false);
+}
+
 int broker_client_hand_back(broker_client_t *self, const char *lease_id, const char *why)
 {
-    Anvil__Envelope env;
-    Anvil__UnitFailed f = ANVIL__UNIT_FAILED__INIT;
-    anv_msg_init(&env);
-    f.lease_id = (char *)lease_id;
-    f.error = (char *)why;
-    f.has_retryable = f.retryable = 1;
-    f.has_handed_back = f.handed_back = 1;
-    env.body_case = ANVIL__ENVELOPE__BODY_UNIT_FAILED;
-    env.unit_failed = &f;
-    return broker_client_send(self, &env);
+    return s_unit_failed(self, lease_id, why, true, true);
 }
 
 void broker_client_drain(broker_client_t *self)
