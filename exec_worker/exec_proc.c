@@ -27,6 +27,7 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -414,6 +415,14 @@ static int s_rm(const char *path, const struct stat *sb, int flag, struct FTW *f
     return remove(path);
 }
 
+int exec_proc_rm_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 0 : -1;
+    return nftw(path, s_rm, 16, FTW_DEPTH | FTW_PHYS) == 0 ? 0 : -1;
+}
+
 void exec_proc_destroy(exec_proc_t **self_p)
 {
     if (!self_p || !*self_p)
@@ -427,7 +436,7 @@ void exec_proc_destroy(exec_proc_t **self_p)
     if (self->log_fd >= 0)
         close(self->log_fd);
     if (self->io_dir)
-        nftw(self->io_dir, s_rm, 16, FTW_DEPTH | FTW_PHYS);
+        exec_proc_rm_tree(self->io_dir);
     free(self->io_dir);
     free(self->buf);
     free(self);

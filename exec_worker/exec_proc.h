@@ -38,6 +38,9 @@ exec_proc_t *exec_proc_start(char *const argv[],
                              const char *io_dir);
 /* Kills the tree, reaps it, removes io_dir. */
 void exec_proc_destroy(exec_proc_t **self_p);
+/* Removes path and everything under it without following links; 0, or -1 with errno. A path
+   that does not exist is not an error. */
+int exec_proc_rm_tree(const char *path);
 
 /* Waits for the harness's {"event":"ready"} line. 0, ANV_ETIMEOUT or -EPIPE (it died). On
    success *ready (may be NULL) gets the parsed line, owned by the caller. */

@@ -4,7 +4,10 @@
     a fresh memfd (bwrap reads it to the end, so one fd cannot be shared between spawns).
     Each process gets a directory of its own under work_dir, chowned to its uid, bound as
     /io. Paths the harness is told to write are inside that directory; exec_proc keeps the
-    name it has inside the sandbox ("/io", or the host path in rlimit mode).
+    name it has inside the sandbox ("/io", or the host path in rlimit mode). The default
+    work_dir is flocked for the worker's life, so what a killed worker left is found (lock
+    free, pid gone) and removed by the next one, and a sandbox name that a dead process with
+    the same pid left behind is replaced rather than refused.
 */
 #define _GNU_SOURCE
 #include "exec_sandbox.h"
@@ -16,12 +19,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stddef.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -315,6 +321,73 @@ static void s_bwrap_args(exec_sandbox_t *self, s_args_t *a, const char *io_dir, 
     s_arg(a, "/anvil/launch");
 }
 
+/* Locks path (a directory) without waiting: the fd, or -1 when another process holds it. */
+static int s_lock_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void s_sweep(const char *base)
+{
+    DIR *d = opendir(base);
+    if (!d)
+        return;
+    struct dirent *e;
+    const char *prefix = "anvil-exec-";
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        char *end;
+        long pid = strtol(e->d_name + strlen(prefix), &end, 10);
+        if (end == e->d_name + strlen(prefix) || (*end && *end != '-') || pid <= 0)
+            continue;
+        /* a pid that looks alive may be a reuse, but then its owner is gone and the lock
+           says nothing; leave it rather than guess. A pid of another namespace looks dead:
+           its owner's lock keeps it. */
+        if (pid != (long)getpid() && !(kill((pid_t)pid, 0) != 0 && errno == ESRCH))
+            continue;
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", base, e->d_name);
+        int fd = s_lock_dir(path);
+        if (fd < 0)
+            continue;
+        ANV_INFO("removing '%s', left by a worker that is gone", path);
+        if (exec_proc_rm_tree(path) != 0)
+            ANV_WARN("cannot remove '%s': %s", path, strerror(errno));
+        close(fd);
+    }
+    closedir(d);
+}
+
+int exec_sandbox_work_dir(const char *base, char *out, size_t cap)
+{
+    s_sweep(base);
+    for (int k = 0; k < 100; k++) {
+        if (k == 0)
+            snprintf(out, cap, "%s/anvil-exec-%d", base, (int)getpid());
+        else
+            snprintf(out, cap, "%s/anvil-exec-%d-%d", base, (int)getpid(), k);
+        if (mkdir(out, 0711) != 0 && errno != EEXIST) {
+            ANV_ERROR("cannot create '%s': %s", out, strerror(errno));
+            return -1;
+        }
+        int fd = s_lock_dir(out);
+        if (fd < 0)
+            continue; /* held by a live worker of another PID namespace */
+        chmod(out, 0711);
+        return fd;
+    }
+    ANV_ERROR("no usable work directory under '%s'", base);
+    return -1;
+}
+
 static exec_proc_t *s_spawn(exec_sandbox_t *self, s_mode_t mode, const char *const *cmd)
 {
     const exec_sandbox_cfg_t *c = &self->cfg;
@@ -324,7 +397,14 @@ static exec_proc_t *s_spawn(exec_sandbox_t *self, s_mode_t mode, const char *con
     if (self->root && mode != S_BWRAP_USER)
         uid = (long)(c->uid_base + (n % 1000));
     snprintf(io_dir, sizeof io_dir, "%s/sbx-%d-%u", c->work_dir, (int)getpid(), n);
-    if (mkdir(io_dir, 0700) != 0 || (uid >= 0 && chown(io_dir, (uid_t)uid, (gid_t)uid) != 0)) {
+    int made = mkdir(io_dir, 0700);
+    if (made != 0 && errno == EEXIST) {
+        /* our pid and sequence number: left by a dead process that had this pid (killed
+           before it could clean up), never by a live one */
+        ANV_WARN("removing stale sandbox directory '%s'", io_dir);
+        made = exec_proc_rm_tree(io_dir) == 0 ? mkdir(io_dir, 0700) : -1;
+    }
+    if (made != 0 || (uid >= 0 && chown(io_dir, (uid_t)uid, (gid_t)uid) != 0)) {
         ANV_ERROR("cannot create sandbox directory '%s': %s", io_dir, strerror(errno));
         return NULL;
     }

@@ -56,6 +56,12 @@ exec_sandbox_t *exec_sandbox_new(const exec_sandbox_cfg_t *cfg);
 void exec_sandbox_destroy(exec_sandbox_t **self_p);
 /* "bwrap", "bwrap-user" or "rlimit". */
 const char *exec_sandbox_mode(const exec_sandbox_t *self);
+/* Makes the default work directory, base/anvil-exec-<pid> (base/anvil-exec-<pid>-<k> when a
+   live worker in another PID namespace holds that name), and removes what killed workers
+   left in base: anvil-exec-* directories whose flock is free and whose pid is dead. The
+   directory stays flocked through the returned fd (close it at exit); -1 (logged) when none
+   could be made. out gets the path. */
+int exec_sandbox_work_dir(const char *base, char *out, size_t cap);
 /* Starts a harness process (python -m anvil_harness 3 4) in a fresh sandbox. It becomes
    ready by itself (exec_proc_wait_ready). NULL (logged) when it cannot be started. */
 exec_proc_t *exec_sandbox_spawn(exec_sandbox_t *self);

@@ -13,6 +13,7 @@
 #include "anv_log.h"
 #include "exec_batch.h"
 #include "exec_reward.h"
+#include "exec_sandbox.h"
 #include "exec_score.h"
 #include "exec_serve.h"
 
@@ -273,16 +274,22 @@ int main(int argc, char **argv)
     exe[n > 0 ? n : 0] = '\0';
     snprintf(launcher, sizeof launcher, "%s/anvil-exec-launch", dirname(exe));
     char work[PATH_MAX];
-    if (C.work_dir[0])
+    int work_lock = -1;
+    if (C.work_dir[0]) {
         snprintf(work, sizeof work, "%s", C.work_dir);
-    else
-        snprintf(work, sizeof work, "%s/anvil-exec-%d",
-                 access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp", (int)getpid());
-    if (mkdir(work, 0711) != 0 && errno != EEXIST) {
-        fprintf(stderr, "anvil-exec-worker: cannot create '%s': %s\n", work, strerror(errno));
-        goto out;
+        if (mkdir(work, 0711) != 0 && errno != EEXIST) {
+            fprintf(stderr, "anvil-exec-worker: cannot create '%s': %s\n", work, strerror(errno));
+            goto out;
+        }
+        chmod(work, 0711);
+    } else {
+        work_lock = exec_sandbox_work_dir(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp",
+                                          work, sizeof work);
+        if (work_lock < 0) {
+            fprintf(stderr, "anvil-exec-worker: cannot make a work directory (see the log)\n");
+            goto out;
+        }
     }
-    chmod(work, 0711);
     exec_scorer_cfg_t sc_cfg = {
         .sandbox = {.mode = C.sandbox_mode, .bwrap = C.bwrap,
                     .launcher = C.launcher[0] ? C.launcher : launcher, .python = C.python,
@@ -324,8 +331,10 @@ int main(int argc, char **argv)
         }
         exec_scorer_destroy(&sc);
     }
-    if (!C.work_dir[0])
-        rmdir(work);
+    if (work_lock >= 0) {
+        exec_proc_rm_tree(work);
+        close(work_lock);
+    }
 out:
     anv_config_free(s_opts, S_NOPTS, &rest);
     return rc;

@@ -212,3 +212,52 @@ def test_reward_formula_is_configurable(tmp_path):
                           "--reward-formula", "correct *", *FAST], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "reward formula" in bad.stderr
+
+
+def test_stale_work_dirs_are_cleared(tmp_path):
+    """What a killed worker leaves in /dev/shm (its anvil-exec-<pid> directory with sandbox
+    directories in it) is removed by the next worker, so a later worker that gets the same pid
+    does not fail on 'File exists' (CI saw exactly that); a directory whose owner still holds
+    its lock (a live worker in another PID namespace) is left alone."""
+    import fcntl
+    _need()
+    base = pathlib.Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp")
+    dead = [subprocess.Popen(["true"]) for _ in range(2)]
+    for p in dead:
+        p.wait()
+    stale = base / f"anvil-exec-{dead[0].pid}"
+    (stale / f"sbx-{dead[0].pid}-0" / "nested").mkdir(parents=True, exist_ok=True)
+    (stale / f"sbx-{dead[0].pid}-0" / "nested" / "out.bin").write_bytes(b"x" * 100)
+    held = base / f"anvil-exec-{dead[1].pid}-1"
+    held.mkdir(exist_ok=True)
+    fd = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        p = _once(tmp_path, "no code at all", "--log-level", "info")
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert not stale.exists(), p.stderr[-2000:]
+        assert "left by a worker that is gone" in p.stderr
+        assert held.exists()
+    finally:
+        os.close(fd)
+        subprocess.run(["rm", "-rf", str(held), str(stale)])
+
+
+def test_stale_sandbox_dir_in_given_work_dir(tmp_path):
+    """With a --work-dir shared across runs, a sandbox directory that a dead worker with the
+    same pid left is replaced, not an error. A shell plants it under its own pid and then
+    execs the worker, which keeps that pid."""
+    _need()
+    work = tmp_path / "work"
+    work.mkdir()
+    c = tmp_path / "c.py"
+    c.write_text("no code at all")
+    cmd = [str(WORKER), "--score-once", "--kind", "kernelbench", "--task", str(RELU[0]),
+           "--task-globals", json.dumps(RELU[1]), "--candidate", str(c), "--json", *FAST,
+           "--work-dir", str(work), "--log-level", "info"]
+    p = subprocess.run(["sh", "-c", 'mkdir -p "$0/sbx-$$-0/deep" && echo old > "$0/sbx-$$-0/deep/f"'
+                        ' && exec "$@"', str(work), *cmd],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "removing stale sandbox directory" in p.stderr
+    assert json.loads(p.stdout)["status"] == "format_error"

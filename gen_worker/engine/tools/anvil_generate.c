@@ -9,7 +9,7 @@
 
     A sample line: {"id", "index", "seed", "prompt_tokens", "token_ids", "text", "logprobs",
     "finish_reason", "weight_version"} (+ "top_logprobs" with --top-logprobs K). Text that is
-    not valid UTF-8 is printed with U+FFFD replacements; token_ids are exact. JSONL prompt
+    not valid UTF-8 is printed with U+FFFD replacements (plain and JSON); token_ids are exact. JSONL prompt
     lines: {"prompt": TEXT | "prompt_ids": [ids], "id"?, "n"?, "seed"?, "max_tokens"?,
     "chat"?}. A run's figures (tokens/s, KV blocks) go to stderr as one log line.
     Exit status: 0, 1 for a model/engine error, 2 for bad arguments or input.
@@ -70,7 +70,11 @@ static void s_print_sample(const eng_sample_t *s, bool json)
     if (!json) {
         printf("--- %s #%d (%s, %d tokens)\n", s->request_id, s->index, eng_finish_name(s->finish),
                s->n_tokens);
-        fwrite(s->text, 1, s->text_len, stdout);
+        size_t un = 0;
+        char *u = eng_utf8_lossy_len(s->text, s->text_len, &un);
+        if (u)
+            fwrite(u, 1, un, stdout);
+        free(u);
         putchar('\n');
         return;
     }
