@@ -49,8 +49,7 @@ typedef struct {
     uint64_t admit_no; /* admission order, for preemption */
     eng_kv_seq_t kv;
     eng_ids_t full; /* prompt + generated (generated = full[n_prompt ..]) */
-    eng_rng_t rng;
-    uint64_t seed;
+    uint64_t seed; /* draw k of this sample is keyed by (seed, k) */
     float *logprobs;
     eng_top_t *top;
     int cap_gen;
@@ -106,8 +105,11 @@ struct eng_engine {
     /* step scratch */
     eng_ids_t b_tok, b_pos, b_slot, b_qstart, b_ctx, b_tables, b_rows;
     s_list_t b_seqs, b_sample; /* sequences of the step; those sampled (per row) */
-    float *rows_lp;
-    int cap_rows;
+    eng_ids_t b_lp_rows;       /* rows whose whole log-softmax is wanted (top logprobs) */
+    eng_sample_params_t *b_params;
+    int32_t *b_tokens;
+    float *b_logprobs, *rows_lp;
+    int cap_rows, cap_lp;
 };
 
 const char *eng_finish_name(eng_finish_t f)
@@ -263,6 +265,10 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
         snprintf(err, errlen, "cannot start backend '%s'", o->backend ? o->backend : "cpu");
         goto fail;
     }
+    if (!self->be->sample) {
+        snprintf(err, errlen, "backend '%s' cannot sample", self->be->name);
+        goto fail;
+    }
     self->model = eng_model_new(o->model_dir, self->be, err, errlen);
     if (!self->model)
         goto fail;
@@ -322,11 +328,14 @@ void eng_engine_destroy(eng_engine_t **self_p)
         eng_sample_destroy(&self->done.v[self->done.head + i]);
     free(self->done.v);
     eng_ids_t *ids[] = {&self->b_tok, &self->b_pos,    &self->b_slot, &self->b_qstart,
-                        &self->b_ctx, &self->b_tables, &self->b_rows};
+                        &self->b_ctx, &self->b_tables, &self->b_rows, &self->b_lp_rows};
     for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
         eng_ids_release(ids[i]);
     free(self->b_seqs.v);
     free(self->b_sample.v);
+    free(self->b_params);
+    free(self->b_tokens);
+    free(self->b_logprobs);
     free(self->rows_lp);
     eng_sampler_destroy(&self->sampler);
     eng_kv_destroy(&self->kv);
@@ -435,7 +444,6 @@ s_group_new(eng_engine_t *self, const eng_request_t *r, const eng_ids_t *p, uint
         s->g = g;
         s->index = i;
         s->seed = r->seeds ? r->seeds[i] : eng_seed_for_sample(base, (uint32_t)i);
-        eng_rng_seed(&s->rng, s->seed);
         eng_detok_init(&s->detok, self->tok);
         if (eng_ids_append(&s->full, p->v, p->n) || eng_buf_append(&s->text, "", 0))
             goto fail;
@@ -692,42 +700,25 @@ static int s_accept(eng_engine_t *self, s_seq_t *s, int32_t tok, float lp, const
     return 0;
 }
 
-static int s_sample_into(eng_engine_t *self, s_seq_t *s, const float *lp)
-{
-    int32_t tok;
-    float logprob;
-    eng_top_t top[ENG_MAX_TOP_LOGPROBS];
-    int rc = eng_sampler_sample(self->sampler, lp, &s->g->sampling, &s->rng, &tok, &logprob, top);
-    return rc ? rc : s_accept(self, s, tok, logprob, top);
-}
-
-/* The leader's prompt is complete: fork the waiting samples and draw every first token. */
-static int s_fork_and_sample(eng_engine_t *self, s_seq_t *leader, const float *lp)
+/* The leader's prompt is complete: the samples waiting for it share its KV from here on
+   (they draw their first tokens from its last row, in this same step). */
+static int s_fork(eng_engine_t *self, s_seq_t *leader)
 {
     s_group_t *g = leader->g;
-    int rc = 0;
-    s_seq_t *forks[g->n];
-    int n_forks = 0;
-    if (!g->forked) {
-        g->forked = true;
-        for (int i = 0; i < g->n; i++) {
-            s_seq_t *s = g->seqs[i];
-            if (s == leader || s->state != S_FORK_WAIT)
-                continue;
-            if ((rc = eng_kv_fork(self->kv, &leader->kv, &s->kv)))
-                return rc;
-            s->admit_no = leader->admit_no;
-            s->state = S_RUNNING;
-            if ((rc = s_list_push(&self->running, s)))
-                return rc;
-            forks[n_forks++] = s;
-        }
+    g->forked = true;
+    for (int i = 0; i < g->n; i++) {
+        s_seq_t *s = g->seqs[i];
+        if (s == leader || s->state != S_FORK_WAIT)
+            continue;
+        int rc = eng_kv_fork(self->kv, &leader->kv, &s->kv);
+        if (rc)
+            return rc;
+        s->admit_no = leader->admit_no;
+        s->state = S_RUNNING;
+        if ((rc = s_list_push(&self->running, s)))
+            return rc;
     }
-    if ((rc = s_sample_into(self, leader, lp)))
-        return rc;
-    for (int i = 0; i < n_forks && !rc; i++)
-        rc = s_sample_into(self, forks[i], lp);
-    return rc;
+    return 0;
 }
 
 /* --- scheduling ------------------------------------------------------------------------------ */
@@ -792,6 +783,15 @@ static int s_batch_add(eng_engine_t *self, s_seq_t *s, int n)
         if ((rc = eng_ids_push(&self->b_rows, self->b_tok.n - 1)) ||
             (rc = s_list_push(&self->b_sample, s)))
             return rc;
+        /* a leader whose prompt completes: the samples waiting for it draw their first
+           tokens from the same row (forked after the forward pass, before their draws) */
+        for (int i = 0; !s->g->forked && s->index == 0 && i < s->g->n; i++) {
+            s_seq_t *f = s->g->seqs[i];
+            if (f != s && f->state == S_FORK_WAIT &&
+                ((rc = eng_ids_push(&self->b_rows, self->b_tok.n - 1)) ||
+                 (rc = s_list_push(&self->b_sample, f))))
+                return rc;
+        }
     }
     return 0;
 }
@@ -889,11 +889,37 @@ static int s_run_batch(eng_engine_t *self)
         return rc;
     int n_rows = self->b_rows.n, vocab = eng_model_config(self->model)->vocab;
     if (n_rows > self->cap_rows) {
-        float *p = realloc(self->rows_lp, (size_t)n_rows * vocab * sizeof(float));
+        eng_sample_params_t *pp = realloc(self->b_params, (size_t)n_rows * sizeof(*pp));
+        if (pp)
+            self->b_params = pp;
+        int32_t *tt = realloc(self->b_tokens, (size_t)n_rows * sizeof(*tt));
+        if (tt)
+            self->b_tokens = tt;
+        float *ll = realloc(self->b_logprobs, (size_t)n_rows * sizeof(*ll));
+        if (ll)
+            self->b_logprobs = ll;
+        if (!pp || !tt || !ll)
+            return -ENOMEM;
+        self->cap_rows = n_rows;
+    }
+    self->b_lp_rows.n = 0;
+    for (int r = 0; r < n_rows; r++) {
+        const s_seq_t *s = self->b_sample.v[r];
+        const eng_sampling_t *sp = &s->g->sampling;
+        /* a fork waiting for its leader has generated nothing yet: step 0 like the leader */
+        int step = s->state == S_FORK_WAIT ? 0 : s_n_gen(s);
+        self->b_params[r] = (eng_sample_params_t){sp->temperature, sp->top_k, sp->top_p,
+                                                  sp->min_p, s->seed, (uint64_t)step};
+        if (sp->n_top_logprobs > 0 && (rc = eng_ids_push(&self->b_lp_rows, r)))
+            return rc;
+    }
+    int n_lp = self->b_lp_rows.n;
+    if (n_lp > self->cap_lp) {
+        float *p = realloc(self->rows_lp, (size_t)n_lp * vocab * sizeof(float));
         if (!p)
             return -ENOMEM;
         self->rows_lp = p;
-        self->cap_rows = n_rows;
+        self->cap_lp = n_lp;
     }
     eng_forward_t fw = {
         .n_tok = self->b_tok.n,
@@ -904,17 +930,20 @@ static int s_run_batch(eng_engine_t *self)
         .n_rows = n_rows,
         .rows = self->b_rows.v,
     };
-    if ((rc = eng_model_forward(self->model, &fw, NULL, self->rows_lp)))
+    eng_model_sample_t q = {self->b_params, self->b_tokens, self->b_logprobs, self->b_lp_rows.v,
+                            n_lp, self->rows_lp};
+    if ((rc = eng_model_forward_sample(self->model, &fw, &q)))
         return rc;
-    for (int r = 0; r < n_rows && !rc; r++) {
+    for (int r = 0, k = 0; r < n_rows && !rc; r++) {
         s_seq_t *s = self->b_sample.v[r];
-        const float *lp = self->rows_lp + (size_t)r * vocab;
-        if (s->state != S_RUNNING)
-            continue; /* cancelled during the step cannot happen, but stay safe */
-        if (!s->g->forked && s->index == 0)
-            rc = s_fork_and_sample(self, s, lp);
-        else
-            rc = s_sample_into(self, s, lp);
+        eng_top_t top[ENG_MAX_TOP_LOGPROBS];
+        int n_top = s->g->sampling.n_top_logprobs;
+        if (n_top > 0)
+            eng_sampler_top(self->sampler, self->rows_lp + (size_t)k++ * vocab, n_top, top);
+        if (s->state == S_RUNNING && !s->g->forked && s->index == 0)
+            rc = s_fork(self, s); /* the group's waiting samples come next in b_sample */
+        if (!rc && s->state == S_RUNNING)
+            rc = s_accept(self, s, self->b_tokens[r], self->b_logprobs[r], top);
     }
     return rc;
 }

@@ -495,6 +495,14 @@ void eng_model_set_graphs(eng_model_t *self, int on)
     self->graphs = on && self->be->graph_step && self->be->prepare;
 }
 
+#define S_TRY(call)                                                                                \
+    do {                                                                                           \
+        if ((rc = (call))) {                                                                       \
+            ANV_ERROR("forward pass: '%s' failed: %s", #call, anv_strerror(rc));                   \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
 /* The ops of a step up to the logits of its rows (in self->logits). */
 static int s_ops(eng_model_t *self, const eng_forward_t *b)
 {
@@ -504,14 +512,6 @@ static int s_ops(eng_model_t *self, const eng_forward_t *b)
     int n = b->n_tok, H = c->hidden, Q = c->n_heads * c->head_dim, KV = c->n_kv_heads * c->head_dim,
         F = c->ffn, rc = 0;
     float eps = c->rms_eps;
-
-#define S_TRY(call)                                                                                \
-    do {                                                                                           \
-        if ((rc = (call))) {                                                                       \
-            ANV_ERROR("forward pass: '%s' failed: %s", #call, anv_strerror(rc));                   \
-            goto out;                                                                              \
-        }                                                                                          \
-    } while (0)
 
     S_TRY(be->embedding(be, self->x, w->embed.p, w->embed.dt, b->tokens, n, H));
     for (int l = 0; l < c->n_layers; l++) {
@@ -561,13 +561,13 @@ static int s_record(void *ctx)
     return s_ops(r->self, r->fw);
 }
 
-int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, float *logprobs)
+/* The step's ops up to the logits of its rows (self->logits, backend memory), graphed or not. */
+static int s_run(eng_model_t *self, const eng_forward_t *b)
 {
     int rc = s_check_batch(self, b);
     if (rc)
         return rc;
     eng_backend_t *be = self->be;
-    const eng_model_config_t *c = &self->cfg;
     int graph = self->graphs && eng_graph_is_decode(&b->attn, b->rows, b->n_rows);
     int n_tok = graph ? eng_graph_bucket(b->n_tok) : b->n_tok;
     if ((rc = s_reserve_acts(self, n_tok, graph ? n_tok : b->n_rows)))
@@ -588,6 +588,17 @@ int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, 
         }
         S_TRY(s_ops(self, b));
     }
+out:
+    return rc;
+}
+
+int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, float *logprobs)
+{
+    int rc = s_run(self, b);
+    if (rc)
+        return rc;
+    eng_backend_t *be = self->be;
+    const eng_model_config_t *c = &self->cfg;
     if (b->n_rows > 0) {
         size_t bytes = (size_t)b->n_rows * c->vocab * sizeof(float);
         if (logits)
@@ -598,7 +609,32 @@ int eng_model_forward(eng_model_t *self, const eng_forward_t *b, float *logits, 
         }
     }
     rc = be->sync(be);
-#undef S_TRY
 out:
     return rc;
 }
+
+int eng_model_forward_sample(eng_model_t *self, const eng_forward_t *b, const eng_model_sample_t *q)
+{
+    eng_backend_t *be = self->be;
+    const eng_model_config_t *c = &self->cfg;
+    if (!be->sample || (b->n_rows > 0 && (!q->params || !q->tokens || !q->logprobs)))
+        return -EINVAL;
+    for (int i = 0; i < q->n_lp_rows; i++)
+        if (q->lp_rows[i] < 0 || q->lp_rows[i] >= b->n_rows || !q->lp_out)
+            return -EINVAL;
+    int rc = s_run(self, b);
+    if (rc || b->n_rows == 0)
+        return rc ? rc : be->sync(be);
+    S_TRY(be->sample(be, q->tokens, q->logprobs, self->logits, b->n_rows, c->vocab, q->params));
+    if (q->n_lp_rows > 0) {
+        size_t row = (size_t)c->vocab;
+        S_TRY(be->log_softmax(be, self->logits, self->logits, b->n_rows, c->vocab));
+        for (int i = 0; i < q->n_lp_rows; i++)
+            S_TRY(be->download(be, q->lp_out + i * row, self->logits + (size_t)q->lp_rows[i] * row,
+                               row * sizeof(float)));
+    }
+    rc = be->sync(be);
+out:
+    return rc;
+}
+#undef S_TRY

@@ -63,4 +63,22 @@ int eng_model_forward(eng_model_t *self,
                       float *logits,
                       float *logprobs);
 
+/* What eng_model_forward_sample draws and returns, all host memory. */
+typedef struct {
+    const eng_sample_params_t *params; /* (n_rows): row r's draw */
+    int32_t *tokens;                   /* (n_rows) out */
+    float *logprobs;                   /* (n_rows) out: log_softmax of the drawn token */
+    const int32_t *lp_rows;            /* rows whose whole log-softmax is wanted (top logprobs) */
+    int n_lp_rows;
+    float *lp_out; /* (n_lp_rows, vocab) out */
+} eng_model_sample_t;
+
+/* Runs the step and draws one token per row on the backend (its `sample`: the one host
+   synchronisation of the step, and no logits leave the device), plus the full log-softmax of
+   the few rows that asked for it. A row may appear several times in batch->rows (the n
+   samples of a prompt each draw their first token from the same position). Returns 0 or a
+   negative code. */
+int eng_model_forward_sample(eng_model_t *self, const eng_forward_t *batch,
+                             const eng_model_sample_t *sample);
+
 #endif

@@ -63,7 +63,7 @@ typedef struct {
     const int32_t *rows;          /* (n_rows) host: rows for gather_rows (the logits rows) */
 } eng_step_t;
 
-/* Per-row sampling parameters for the optional `sample` below. */
+/* Per-row sampling parameters for `sample` below. */
 typedef struct {
     float temperature; /* 0 = greedy */
     int top_k;         /* 0 = off */
@@ -214,8 +214,9 @@ struct eng_backend {
        first). Accepts NULL; sets *be_p to NULL. */
     void (*destroy)(eng_backend_t **be_p);
 
-    /* --- optional extensions (NULL when a backend lacks them; the CPU backend sets none).
-       The engine uses a member when it is non-NULL and falls back to the ops above. ------ */
+    /* --- optional extensions (NULL when a backend lacks them; of these the CPU backend sets
+       only `sample`, which the engine requires). The engine uses a member when it is
+       non-NULL and falls back to the ops above. ---------------------------------------- */
 
     /* Free and total bytes of backend memory now, to size the KV pools after the weights. */
     int (*mem_info)(eng_backend_t *be, size_t *free_bytes, size_t *total_bytes);
@@ -247,7 +248,7 @@ struct eng_backend {
        relative to the most likely token); then a draw from the survivors' softmax with a
        counter-based generator keyed by (seed, step), so a row's draw depends on its own
        logits and parameters only. params (n) host. This is the one host synchronisation of
-       a step. */
+       a step. The CPU backend's is eng_sampler_sample (eng_sampler.h), the definition. */
     int (*sample)(eng_backend_t *be, int32_t *tokens, float *logprobs, const float *logits,
                   int n, int vocab, const eng_sample_params_t *params);
 

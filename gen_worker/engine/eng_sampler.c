@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "anv_error.h"
+#include "eng_sample_hash.h"
 
 typedef struct {
     int32_t id;
@@ -22,53 +23,16 @@ typedef struct {
 
 struct eng_sampler {
     int vocab;
-    s_cand_t *c;
+    s_cand_t *c;             /* top logprobs */
+    uint32_t *key;           /* order-preserving keys of the logits */
+    unsigned long long *mass; /* top-p masses */
 };
-
-static uint64_t s_splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-void eng_rng_seed(eng_rng_t *r, uint64_t seed)
-{
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++)
-        r->s[i] = s_splitmix(&x);
-}
-
-static inline uint64_t s_rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-uint64_t eng_rng_next(eng_rng_t *r)
-{
-    uint64_t *s = r->s;
-    uint64_t out = s_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = s_rotl(s[3], 45);
-    return out;
-}
-
-double eng_rng_uniform(eng_rng_t *r)
-{
-    return (double)(eng_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
-}
 
 uint64_t eng_seed_for_sample(uint64_t base, uint32_t index)
 {
     /* splitmix64's finaliser is a bijection and base + index * golden differs for every
        index below 2^64, so distinct indices give distinct seeds */
-    uint64_t x = base + (uint64_t)index * 0x9e3779b97f4a7c15ull - 0x9e3779b97f4a7c15ull;
-    return s_splitmix(&x);
+    return eng_sample_mix(base + (uint64_t)index * 0x9e3779b97f4a7c15ull);
 }
 
 int eng_sampling_check(const eng_sampling_t *p)
@@ -87,8 +51,10 @@ eng_sampler_t *eng_sampler_new(int vocab)
         return NULL;
     self->vocab = vocab;
     self->c = malloc((size_t)vocab * sizeof(s_cand_t));
-    if (!self->c) {
-        free(self);
+    self->key = malloc((size_t)vocab * sizeof(uint32_t));
+    self->mass = malloc((size_t)vocab * sizeof(unsigned long long));
+    if (!self->c || !self->key || !self->mass) {
+        eng_sampler_destroy(&self);
         return NULL;
     }
     return self;
@@ -99,6 +65,8 @@ void eng_sampler_destroy(eng_sampler_t **self_p)
     if (!self_p || !*self_p)
         return;
     free((*self_p)->c);
+    free((*self_p)->key);
+    free((*self_p)->mass);
     free(*self_p);
     *self_p = NULL;
 }
@@ -150,81 +118,118 @@ static void s_top_k(s_cand_t *c, int n, int k)
     qsort(c, (size_t)k, sizeof(s_cand_t), s_cmp_desc);
 }
 
+static void s_top_k_out(s_cand_t *c, int V, int k, eng_top_t *top)
+{
+    k = k < V ? k : V;
+    s_top_k(c, V, k);
+    for (int i = 0; i < k; i++)
+        top[i] = (eng_top_t){c[i].id, c[i].z};
+}
+
+void eng_sampler_top(eng_sampler_t *self, const float *lp, int k, eng_top_t *top)
+{
+    s_cand_t *c = self->c;
+    for (int i = 0; i < self->vocab; i++)
+        c[i] = (s_cand_t){i, lp[i]};
+    s_top_k_out(c, self->vocab, k, top);
+}
+
+/* The largest key t among c's survivors (key >= floor) such that the survivors with key >= t
+   hold at least `want` of the weight w(i) (1 per token for top-k, the fixed-point mass for
+   top-p): a most-significant-digit-first radix select, 8 bits a pass, exactly as the CUDA
+   kernel runs it, so both find the same threshold from the same keys and weights. */
+static uint32_t s_select(const uint32_t *key, const unsigned long long *w, int n, uint32_t floor,
+                         unsigned long long want)
+{
+    uint32_t prefix = 0, mask = 0;
+    unsigned long long hist[256];
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        memset(hist, 0, sizeof hist);
+        for (int i = 0; i < n; i++)
+            if (key[i] >= floor && (key[i] & mask) == prefix)
+                hist[(key[i] >> shift) & 255] += w ? w[i] : 1;
+        unsigned long long cum = 0;
+        int d = 255;
+        for (; d > 0; d--) {
+            if (cum + hist[d] >= want)
+                break;
+            cum += hist[d];
+        }
+        want = want > cum ? want - cum : 0;
+        prefix |= (uint32_t)d << shift;
+        mask |= 255u << shift;
+    }
+    return prefix;
+}
+
 int eng_sampler_sample(eng_sampler_t *self,
-                       const float *lp,
+                       const float *l,
                        const eng_sampling_t *p,
-                       eng_rng_t *rng,
+                       uint64_t seed,
+                       uint64_t step,
                        int32_t *token,
                        float *logprob,
                        eng_top_t *top)
 {
-    int V = self->vocab, n = V;
-    s_cand_t *c = self->c;
-    if (!lp || !token || eng_sampling_check(p))
+    int V = self->vocab;
+    if (!l || !token || eng_sampling_check(p))
         return -EINVAL;
+    int am = -1;
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (l[i] > mx)
+            mx = l[i], am = i;
+    if (am < 0)
+        am = 0; /* no finite maximum (all NaN / -inf) */
+    mx = l[am];
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)(l[i] - mx));
+    const float lse = mx + (float)log(sum);
     if (top && p->n_top_logprobs > 0) {
+        s_cand_t *c = self->c;
         for (int i = 0; i < V; i++)
-            c[i] = (s_cand_t){i, lp[i]};
-        int k = p->n_top_logprobs < V ? p->n_top_logprobs : V;
-        s_top_k(c, V, k);
-        for (int i = 0; i < k; i++)
-            top[i] = (eng_top_t){c[i].id, c[i].z};
+            c[i] = (s_cand_t){i, l[i] - lse};
+        s_top_k_out(c, V, p->n_top_logprobs, top);
     }
-    if (p->temperature <= 0 || p->top_k == 1) {
-        int best = 0;
-        for (int i = 1; i < V; i++)
-            if (lp[i] > lp[best])
-                best = i;
-        *token = best;
-        *logprob = lp[best];
-        return 0;
-    }
-    float inv_t = 1.0f / p->temperature, zmax = -INFINITY;
-    for (int i = 0; i < V; i++) {
-        c[i] = (s_cand_t){i, lp[i] * inv_t};
-        if (c[i].z > zmax)
-            zmax = c[i].z;
-    }
-    if (p->top_k > 0 && p->top_k < n) {
-        s_top_k(c, n, p->top_k);
-        n = p->top_k;
-    } else if (p->top_p < 1.0f) {
-        qsort(c, (size_t)n, sizeof(s_cand_t), s_cmp_desc);
-    }
-    if (p->top_p < 1.0f) { /* c[0, n) is sorted here */
-        double total = 0, cum = 0;
-        for (int i = 0; i < n; i++)
-            total += exp((double)(c[i].z - zmax));
-        int keep = 0;
-        while (keep < n) {
-            cum += exp((double)(c[keep].z - zmax));
-            keep++;
-            if (cum >= p->top_p * total)
-                break;
+    int tok = am;
+    if (p->temperature > 0 && isfinite(mx)) {
+        const float inv_t = 1.0f / p->temperature;
+        uint32_t *key = self->key;
+        for (int i = 0; i < V; i++)
+            key[i] = eng_sample_key(l[i]);
+        uint32_t thr = 0;
+        if (p->top_k > 0 && p->top_k < V)
+            thr = s_select(key, NULL, V, 0, (unsigned long long)p->top_k);
+        if (p->top_p > 0 && p->top_p < 1) {
+            unsigned long long *w = self->mass, tot = 0;
+            for (int i = 0; i < V; i++) {
+                w[i] = key[i] >= thr ? eng_sample_mass((l[i] - mx) * inv_t) : 0;
+                tot += w[i];
+            }
+            unsigned long long want = (unsigned long long)ceil((double)p->top_p * (double)tot);
+            uint32_t t = s_select(key, w, V, thr, want);
+            if (t > thr)
+                thr = t;
         }
-        n = keep;
-    }
-    if (p->min_p > 0) {
-        float floor_z = zmax + logf(p->min_p);
-        int m = 0;
-        for (int i = 0; i < n; i++)
-            if (c[i].z >= floor_z)
-                c[m++] = c[i];
-        n = m; /* the argmax always survives */
-    }
-    double total = 0;
-    for (int i = 0; i < n; i++)
-        total += exp((double)(c[i].z - zmax));
-    double u = eng_rng_uniform(rng) * total, cum = 0;
-    int pick = n - 1;
-    for (int i = 0; i < n; i++) {
-        cum += exp((double)(c[i].z - zmax));
-        if (u < cum) {
-            pick = i;
-            break;
+        if (p->min_p > 0 && p->min_p <= 1) {
+            uint32_t k = eng_sample_key(mx + p->temperature * logf(p->min_p));
+            if (k > thr)
+                thr = k;
+        }
+        if (eng_sample_key(mx) < thr)
+            thr = eng_sample_key(mx); /* the most likely token always survives */
+        const uint64_t base = eng_sample_base(seed, step);
+        float best = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            if (key[i] < thr)
+                continue;
+            float g = (l[i] - mx) * inv_t + eng_sample_gumbel(base, i);
+            if (g > best)
+                best = g, tok = i;
         }
     }
-    *token = c[pick].id;
-    *logprob = lp[c[pick].id];
+    *token = tok;
+    *logprob = l[tok] - lse;
     return 0;
 }

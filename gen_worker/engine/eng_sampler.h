@@ -1,13 +1,15 @@
-/*  eng_sampler.h - next-token sampling from fp32 log-probabilities, with per-sample RNGs.
+/*  eng_sampler.h - next-token sampling on the host: the definition the CUDA kernel follows.
 
     Order (the one HF generate applies): temperature, top-k, top-p, min-p, then one draw from
-    the renormalised remainder. temperature <= 0 is greedy (argmax, lowest id on ties; no
-    random number is drawn). The draw walks the kept candidates in a fixed order (id order, or
-    descending probability when top-p needed the sort) with one uniform double from the
-    sample's xoshiro256** generator, so a seed gives the same tokens on every run and machine.
-    The reported logprob is the model's own log_softmax of the sampled token (temperature 1,
-    before truncation): what an RL trainer recomputes from the same weights. Top logprobs come
-    from the same distribution. A sampler object holds scratch space; one thread.
+    the renormalised remainder. temperature <= 0 is greedy (argmax, lowest id on ties). The
+    draw is a Gumbel-max with one counter-based uniform per (seed, step, token)
+    (eng_sample_hash.h), and truncation thresholds come from integer keys and fixed-point
+    masses: the CUDA backend's `sample` (cuda/softmax.cu) computes the same thing, so a seed
+    draws the same tokens on either backend wherever their logits agree, on every run and
+    machine, and a draw depends on nothing but (seed, step) and its own logits. The reported
+    logprob is the model's own log_softmax of the sampled token (temperature 1, before
+    truncation): what an RL trainer recomputes from the same weights. Top logprobs come from
+    the same distribution. A sampler object holds scratch space; one thread.
 */
 #ifndef ENG_SAMPLER_H
 #define ENG_SAMPLER_H
@@ -25,19 +27,10 @@ typedef struct {
 } eng_sampling_t;
 
 typedef struct {
-    uint64_t s[4];
-} eng_rng_t;
-
-typedef struct {
     int32_t id;
     float logprob;
 } eng_top_t;
 
-/* Seeds via splitmix64 (any seed, 0 included, gives a good state). */
-void eng_rng_seed(eng_rng_t *r, uint64_t seed);
-uint64_t eng_rng_next(eng_rng_t *r);
-/* Uniform in [0, 1) with 53 random bits. */
-double eng_rng_uniform(eng_rng_t *r);
 /* The seed of sample `index` of a group seeded with base: a bijective mix of
    base + index * golden ratio, so the n samples of a group never share a seed. */
 uint64_t eng_seed_for_sample(uint64_t base, uint32_t index);
@@ -49,12 +42,18 @@ typedef struct eng_sampler eng_sampler_t;
 
 eng_sampler_t *eng_sampler_new(int vocab);
 void eng_sampler_destroy(eng_sampler_t **self_p);
-/* Samples from logprobs (vocab) fp32. Sets *token and *logprob; fills top[0 ..
-   p->n_top_logprobs) in descending order when top is not NULL. Returns 0 or -EINVAL. */
+/* top[0 .. k) = the k most likely tokens of logprobs (vocab), descending, lower id first on
+   ties (k <= vocab and <= ENG_MAX_TOP_LOGPROBS). */
+void eng_sampler_top(eng_sampler_t *self, const float *logprobs, int k, eng_top_t *top);
+/* Samples draw `step` (0 for a sample's first token) of a sample seeded with seed from
+   logits (vocab) fp32 (any shift: logprobs are logits too). Sets *token and *logprob (the
+   log_softmax of the token); fills top[0 .. p->n_top_logprobs) in descending order when top
+   is not NULL. Returns 0 or -EINVAL. */
 int eng_sampler_sample(eng_sampler_t *self,
-                       const float *logprobs,
+                       const float *logits,
                        const eng_sampling_t *p,
-                       eng_rng_t *rng,
+                       uint64_t seed,
+                       uint64_t step,
                        int32_t *token,
                        float *logprob,
                        eng_top_t *top);

@@ -17,11 +17,14 @@
 #include "anv_error.h"
 #include "anv_log.h"
 #include "eng_cpu_pool.h"
+#include "eng_sampler.h"
 
 typedef struct {
     eng_cpu_pool_t *pool;
     float **scratch;  /* per thread */
     size_t scratch_n; /* floats per scratch row */
+    eng_sampler_t *sampler; /* `sample`: made on first use for the vocabulary it sees */
+    int sampler_vocab;
 } s_cpu_t;
 
 static s_cpu_t *s_state(eng_backend_t *be)
@@ -486,6 +489,32 @@ static int s_log_softmax(eng_backend_t *be, float *out, const float *logits, int
     return 0;
 }
 
+/* The host sampler is the definition of `sample` (eng_sampler.h): the CUDA kernel draws the
+   same tokens from the same logits. */
+static int s_sample(eng_backend_t *be, int32_t *tokens, float *logprobs, const float *logits,
+                    int n, int vocab, const eng_sample_params_t *params)
+{
+    s_cpu_t *st = s_state(be);
+    if (!tokens || !logprobs || !logits || !params || n < 0 || vocab <= 0)
+        return -EINVAL;
+    if (st->sampler && st->sampler_vocab != vocab)
+        eng_sampler_destroy(&st->sampler);
+    if (!st->sampler) {
+        if (!(st->sampler = eng_sampler_new(vocab)))
+            return -ENOMEM;
+        st->sampler_vocab = vocab;
+    }
+    for (int r = 0; r < n; r++) {
+        const eng_sample_params_t *q = &params[r];
+        eng_sampling_t sp = {q->temperature, q->top_k, q->top_p, q->min_p, 0};
+        int rc = eng_sampler_sample(st->sampler, logits + (size_t)r * vocab, &sp, q->seed, q->step,
+                                    &tokens[r], &logprobs[r], NULL);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 static void s_destroy(eng_backend_t **be_p)
 {
     if (!be_p || !*be_p)
@@ -499,6 +528,7 @@ static void s_destroy(eng_backend_t **be_p)
             free(st->scratch);
         }
         eng_cpu_pool_destroy(&st->pool);
+        eng_sampler_destroy(&st->sampler);
         free(st);
     }
     free(be);
@@ -542,6 +572,7 @@ eng_backend_t *eng_cpu_backend_new(int n_threads)
     be->swiglu = s_swiglu;
     be->gather_rows = s_gather_rows;
     be->log_softmax = s_log_softmax;
+    be->sample = s_sample;
     return be;
 fail:
     s_destroy(&be);

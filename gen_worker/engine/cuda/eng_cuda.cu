@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "eng_cuda_internal.h"
+#include "eng_sample_hash.h"
 
 /* --- buffers ----------------------------------------------------------------------------- */
 
@@ -284,15 +285,7 @@ int ecu_prepare(eng_backend_t *be, const eng_step_t *step)
 
 /* --- helpers for benchmarks and tests ---------------------------------------------------- */
 
-static __device__ __forceinline__ uint64_t s_mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
+#define s_mix eng_sample_mix /* splitmix64 finaliser (eng_sample_hash.h) */
 
 template <typename T>
 static __global__ void s_fill_kernel(T *dst /* (n) T */, size_t n, uint64_t seed, float center,

@@ -7,11 +7,13 @@
     bits a pass, counts for top-k, fixed-point masses for top-p: integer sums, so the
     threshold is the same whatever the thread schedule), min-p is a plain logit threshold, and
     the draw is a Gumbel-max over the survivors with one counter-based uniform per (seed,
-    step, token). A row's result depends only on its logits and its own parameters.
+    step, token). A row's result depends only on its logits and its own parameters, and it
+    is the host sampler's (eng_sampler.c) draw: the two share eng_sample_hash.h.
 */
 #include <string.h>
 
 #include "eng_cuda_internal.h"
+#include "eng_sample_hash.h"
 
 #define ECU_SM_THREADS 1024
 
@@ -48,21 +50,9 @@ extern "C" int ecu_log_softmax(eng_backend_t *be, float *out, const float *logit
 
 /* --- sampling ---------------------------------------------------------------------------- */
 
-static __device__ __forceinline__ uint32_t s_key(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-static __device__ __forceinline__ uint64_t s_mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
+/* the key, hash, Gumbel variate and fixed-point mass are eng_sample_hash.h's, shared with
+   the host sampler (eng_sampler.c), which computes the same draw */
+#define s_key eng_sample_key
 
 /* Block argmax: the largest value, lowest index on ties; every thread gets the index. */
 static __device__ int s_block_argmax(float v, int idx, float *redv, int *redi)
@@ -158,7 +148,7 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
             unsigned long long tot = 0;
             for (int i = threadIdx.x; i < vocab; i += blockDim.x)
                 if (s_key(l[i]) >= thr)
-                    tot += __float2ull_rn(expf((l[i] - mx) * inv_t) * 4294967296.0f);
+                    tot += eng_sample_mass((l[i] - mx) * inv_t);
             /* block sum of integers via two float-free warp passes */
             for (int o = 16; o > 0; o >>= 1)
                 tot += __shfl_xor_sync(0xffffffffu, tot, o);
@@ -182,8 +172,7 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
                 for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
                     uint32_t k = s_key(l[i]);
                     if (k >= thr && (k & mask) == prefix)
-                        atomicAdd(&hmass[(k >> shift) & 255],
-                                  __float2ull_rn(expf((l[i] - mx) * inv_t) * 4294967296.0f));
+                        atomicAdd(&hmass[(k >> shift) & 255], eng_sample_mass((l[i] - mx) * inv_t));
                 }
                 __syncthreads();
                 if (threadIdx.x == 0) {
@@ -211,15 +200,13 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
         }
         if (s_key(mx) < thr)
             thr = s_key(mx); /* the most likely token always survives */
-        const uint64_t base = s_mix(p.seed * 0x9e3779b97f4a7c15ull ^ s_mix(p.step + 1));
+        const uint64_t base = eng_sample_base(p.seed, p.step);
         float best = -INFINITY;
         int bi = 0x7fffffff;
         for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
             if (s_key(l[i]) < thr)
                 continue;
-            uint64_t h = s_mix(base + (uint64_t)i * 0xd1b54a32d192ed03ull);
-            float u = ((float)(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
-            float g = (l[i] - mx) * inv_t - logf(-logf(u));
+            float g = (l[i] - mx) * inv_t + eng_sample_gumbel(base, i);
             if (g > best)
                 best = g, bi = i;
         }

@@ -31,8 +31,8 @@
     measured at start (a host memcpy on the CPU backend). With --cuda-graphs every decode
     line is measured with graphs off and on (side by side in one line) and the grpo run uses
     graphs for its decode-only steps. --backend cpu with --shape tiny runs the same logic on
-    the CPU reference (tokens sampled by eng_sampler), which is how the workload logic is
-    tested without a GPU.
+    the CPU reference (whose `sample` is eng_sampler, the definition the CUDA kernel follows),
+    which is how the workload logic is tested without a GPU.
 */
 #include <errno.h>
 #include <math.h>
@@ -46,7 +46,6 @@
 #include "eng_bench_model.h"
 #include "eng_cuda.h"
 #include "eng_kv.h"
-#include "eng_sampler.h"
 
 #define S_MAX_BATCHES 16
 
@@ -199,37 +198,15 @@ typedef struct {
     eng_backend_t *be;
     int cuda;
     eng_bm_fill_fn fill;
-    eng_sampler_t *sampler; /* CPU path: backends without `sample` */
-    float *lsm_be;          /* (cap_rows, vocab) backend memory */
-    float *lsm_host;
-    int cap_rows, vocab;
+    int vocab;
 } s_env_t;
 
-/* Samples n rows of logits; rng[r] is the generator of row r (CPU path only). */
+/* Samples n rows of logits with the backend's `sample` (on the CPU backend that is
+   eng_sampler, the definition the CUDA kernel follows). */
 static int s_sample(s_env_t *x, const float *logits, int n, const eng_sample_params_t *sp,
-                    eng_rng_t *const *rng, int32_t *tok, float *lp)
+                    int32_t *tok, float *lp)
 {
-    eng_backend_t *be = x->be;
-    if (be->sample)
-        return be->sample(be, tok, lp, logits, n, x->vocab, sp);
-    if (n > x->cap_rows) {
-        be->free(be, x->lsm_be);
-        free(x->lsm_host);
-        x->lsm_be = be->alloc(be, (size_t)n * x->vocab * sizeof(float));
-        x->lsm_host = malloc((size_t)n * x->vocab * sizeof(float));
-        x->cap_rows = x->lsm_be && x->lsm_host ? n : 0;
-        if (!x->cap_rows)
-            return -ENOMEM;
-    }
-    int rc = be->log_softmax(be, x->lsm_be, logits, n, x->vocab);
-    if (!rc)
-        rc = be->download(be, x->lsm_host, x->lsm_be, (size_t)n * x->vocab * sizeof(float));
-    for (int r = 0; r < n && !rc; r++) {
-        eng_sampling_t p = {sp[r].temperature, sp[r].top_k, sp[r].top_p, sp[r].min_p, 0};
-        rc = eng_sampler_sample(x->sampler, x->lsm_host + (size_t)r * x->vocab, &p, rng[r],
-                                &tok[r], &lp[r], NULL);
-    }
-    return rc;
+    return x->be->sample(x->be, tok, lp, logits, n, x->vocab, sp);
 }
 
 static int s_cmp_double(const void *a, const void *b)
@@ -279,21 +256,16 @@ static int s_run(s_env_t *x, eng_bm_t *m, const eng_bm_config_t *c, int B, int P
     int32_t *rows = calloc((size_t)B, 4), *last = calloc((size_t)B, 4);
     float *lp = calloc((size_t)B, 4);
     eng_sample_params_t *sp = calloc((size_t)B, sizeof(*sp));
-    eng_rng_t *rng = calloc((size_t)B, sizeof(*rng));
-    eng_rng_t **rngp = calloc((size_t)B, sizeof(*rngp));
     int rc = -ENOMEM;
     uint64_t lcg = 0x1234567ull + (uint64_t)B;
     float *logits;
     long long g0 = eng_bm_graph_steps(m);
-    if (!q_start || !ctx || !tables || !ids || !pos || !slots || !rows || !last || !lp || !sp ||
-        !rng || !rngp)
+    if (!q_start || !ctx || !tables || !ids || !pos || !slots || !rows || !last || !lp || !sp)
         goto out;
     for (int s = 0; s < B; s++) {
         for (int b = 0; b < bps; b++)
             tables[(size_t)s * bps + b] = s * bps + b;
         sp[s] = (eng_sample_params_t){0.8f, 50, 0.95f, 0.0f, 1000003ull * (uint64_t)s + 17, 0};
-        eng_rng_seed(&rng[s], sp[s].seed);
-        rngp[s] = &rng[s];
     }
     double t0 = s_now();
     if (synthetic) {
@@ -326,7 +298,7 @@ static int s_run(s_env_t *x, eng_bm_t *m, const eng_bm_config_t *c, int B, int P
         eng_attn_batch_t batch = {ns, q_start, ctx, tables + (size_t)s0 * bps, bps};
         if ((rc = eng_bm_forward(m, &batch, ids, pos, slots, rows, ns, &logits)))
             goto out;
-        if ((rc = s_sample(x, logits, ns, sp + s0, rngp + s0, last + s0, lp + s0)))
+        if ((rc = s_sample(x, logits, ns, sp + s0, last + s0, lp + s0)))
             goto out;
         s0 += ns;
     }
@@ -349,7 +321,7 @@ static int s_run(s_env_t *x, eng_bm_t *m, const eng_bm_config_t *c, int B, int P
         }
         if ((rc = eng_bm_forward(m, &batch, ids, pos, slots, rows, B, &logits)))
             goto out;
-        if ((rc = s_sample(x, logits, B, sp, rngp, last, lp)))
+        if ((rc = s_sample(x, logits, B, sp, last, lp)))
             goto out;
     }
     double t2 = s_now();
@@ -367,7 +339,7 @@ static int s_run(s_env_t *x, eng_bm_t *m, const eng_bm_config_t *c, int B, int P
     rc = 0;
 out:
     free(q_start), free(ctx), free(tables), free(ids), free(pos), free(slots), free(rows);
-    free(last), free(lp), free(sp), free(rng), free(rngp);
+    free(last), free(lp), free(sp);
     return rc;
 }
 
@@ -384,7 +356,6 @@ typedef struct {
     int done;
     uint64_t hash; /* FNV-1a of the sample's tokens */
     eng_sample_params_t sp;
-    eng_rng_t rng;
 } s_smp_t;
 
 struct s_grp {
@@ -435,12 +406,11 @@ static int s_grpo(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, doubl
     int32_t *tok = malloc((size_t)max_rows * 4), *tables = NULL;
     float *lp = malloc((size_t)max_rows * 4);
     eng_sample_params_t *sp = malloc((size_t)max_rows * sizeof(*sp));
-    eng_rng_t **rngp = malloc((size_t)max_rows * sizeof(*rngp));
     s_smp_t **row_smp = malloc((size_t)max_rows * sizeof(*row_smp));
     const eng_kv_seq_t **bseq = malloc((size_t)max_tok * sizeof(*bseq));
     size_t cap_tables = 0;
     memset(res, 0, sizeof(*res));
-    if (!grp || !ids || !pos || !slots || !qs || !ctxl || !rows || !tok || !lp || !sp || !rngp ||
+    if (!grp || !ids || !pos || !slots || !qs || !ctxl || !rows || !tok || !lp || !sp ||
         !row_smp || !bseq)
         goto out;
     /* the workload: prompts and per-sample lengths from the seed */
@@ -468,7 +438,6 @@ static int s_grpo(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, doubl
             h = s_mix(h);
             s->len = o->grpo_min_new + (int)(h % (uint64_t)(o->grpo_max_new - o->grpo_min_new + 1));
             s->sp = (eng_sample_params_t){0.8f, 50, 0.95f, 0.0f, s_mix(h ^ 0xabcdefull), 0};
-            eng_rng_seed(&s->rng, s->sp.seed);
             res->expected += s->len;
         }
     }
@@ -544,7 +513,6 @@ static int s_grpo(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, doubl
                 bseq[ns++] = &s->kv;
                 s->sp.step = (uint64_t)s->gen;
                 sp[nr] = s->sp;
-                rngp[nr] = &s->rng;
                 row_smp[nr] = s;
                 rows[nr++] = nt++;
             }
@@ -579,7 +547,6 @@ static int s_grpo(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, doubl
                     s_smp_t *s = &g->smp[i];
                     s->sp.step = 0;
                     sp[nr] = s->sp;
-                    rngp[nr] = &s->rng;
                     row_smp[nr] = s;
                     rows[nr++] = nt - 1;
                 }
@@ -613,7 +580,7 @@ static int s_grpo(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, doubl
         float *logits;
         double ts = s_now();
         if ((rc = eng_bm_forward(m, &batch, ids, pos, slots, rows, nr, &logits)) ||
-            (rc = s_sample(x, logits, nr, sp, rngp, tok, lp)))
+            (rc = s_sample(x, logits, nr, sp, tok, lp)))
             goto out;
         if (nt > n_dec)
             prefill_t += s_now() - ts;
@@ -687,7 +654,7 @@ out:
             free(grp[gi].smp);
         }
     free(grp), free(ids), free(pos), free(slots), free(qs), free(ctxl), free(rows), free(tok);
-    free(tables), free(lp), free(sp), free(rngp), free(row_smp), free(bseq);
+    free(tables), free(lp), free(sp), free(row_smp), free(bseq);
     eng_kv_destroy(&kv);
     eng_bm_destroy(&m);
     return rc;
@@ -782,8 +749,6 @@ int main(int argc, char **argv)
     if (o.layers > 0)
         c.n_layer = o.layers;
     x.vocab = c.vocab;
-    if (!be->sample && !(x.sampler = eng_sampler_new(c.vocab)))
-        goto out;
     int max_b = 0;
     for (int i = 0; i < o.n_batches; i++)
         max_b = o.batches[i] > max_b ? o.batches[i] : max_b;
@@ -889,10 +854,6 @@ int main(int argc, char **argv)
     rc = 0;
 out:
     eng_bm_destroy(&m);
-    eng_sampler_destroy(&x.sampler);
-    if (x.lsm_be)
-        be->free(be, x.lsm_be);
-    free(x.lsm_host);
     be->destroy(&be);
     return rc;
 }

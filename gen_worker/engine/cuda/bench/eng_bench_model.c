@@ -14,6 +14,7 @@
     bucket at creation, so every pointer the captured ops use is fixed for the model's life.
 */
 #include "eng_bench_model.h"
+#include "eng_sample_hash.h"
 
 #include <errno.h>
 #include <math.h>
@@ -42,15 +43,7 @@ struct eng_bm {
     size_t weight_bytes;
 };
 
-static uint64_t s_mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
+#define s_mix eng_sample_mix /* splitmix64 finaliser */
 
 static uint16_t s_to_bf16(float f)
 {
