@@ -762,6 +762,15 @@ static void s_on_results(broker_t *b, zframe_t *id, uint64_t rid, Anvil__Results
             keep_tok[3 * i] = s->n_token_ids;
             keep_tok[3 * i + 1] = s->n_logprobs;
             keep_tok[3 * i + 2] = s->n_prompt_token_ids;
+            /* the counts stay when the ids go (proto: set even when the ids are not sent) */
+            if (!s->has_n_tokens && s->n_token_ids) {
+                s->has_n_tokens = 1;
+                s->n_tokens = (uint32_t)s->n_token_ids;
+            }
+            if (!s->has_n_prompt_tokens && s->n_prompt_token_ids) {
+                s->has_n_prompt_tokens = 1;
+                s->n_prompt_tokens = (uint32_t)s->n_prompt_token_ids;
+            }
             s->n_token_ids = s->n_logprobs = s->n_prompt_token_ids = 0;
         }
         anvil__sample_result__init(&res[k]);

@@ -123,6 +123,8 @@ static void s_send_sample(gen_worker_t *w, s_unit_t *u, uint32_t sample_index,
     s.custom_id = u->custom_id;
     s.n_prompt_token_ids = (size_t)u->n_prompt;
     s.prompt_token_ids = (uint32_t *)u->prompt_ids; /* ids are >= 0: same bits */
+    s.has_n_prompt_tokens = 1; /* the counts survive a results page without the ids */
+    s.n_prompt_tokens = (uint32_t)u->n_prompt;
     s.has_finish_reason = 1;
     s.finish_reason = finish;
     s.error = (char *)error;
@@ -134,6 +136,8 @@ static void s_send_sample(gen_worker_t *w, s_unit_t *u, uint32_t sample_index,
     if (es) {
         s.n_token_ids = (size_t)es->n_tokens;
         s.token_ids = (uint32_t *)es->tokens;
+        s.has_n_tokens = 1;
+        s.n_tokens = (uint32_t)es->n_tokens;
         s.n_logprobs = (size_t)es->n_tokens;
         s.logprobs = es->logprobs;
         /* a string field must be UTF-8; the exact bytes stay recoverable from the ids */

@@ -49,6 +49,14 @@ def test_job_completes_once_per_sample(cluster, tiny_model, tmp_path):
         assert r["weight_version"] == 0
         assert r["prompt_tokens"] > 0
         assert isinstance(r["seed"], int) and 0 <= r["seed"] < 2**64  # exact, not a double
+    # without --logprobs the ids stay at the broker but the counts come along
+    plain = {(r["custom_id"], r["sample"]): r for r in cluster.results(job)}
+    assert len(plain) == 20
+    for r in res:
+        p = plain[(r["custom_id"], r["sample"])]
+        assert "token_ids" not in p and "logprobs" not in p
+        assert p["completion_tokens"] == r["completion_tokens"]
+        assert p["prompt_tokens"] == r["prompt_tokens"]
     # the n samples of a group never share a seed
     by_prompt = collections.defaultdict(set)
     for r in res:
@@ -147,3 +155,44 @@ def test_worker_stop_loses_nothing(cluster, tiny_model, tmp_path, sig):
     st = cluster.wait_state(job, timeout=180)
     assert st["generated"] == 120 and st["failed"] == 0, (json.dumps(st)[80:900], cluster.log("gen0")[-3000:])
     check_exactly_once(cluster.results(job), 40, 3)
+
+
+def test_gpu_worker_bench_dry(tmp_path):
+    """gpu_worker_bench.py (issue 8's worker-vs-engine-vs-bench figures on the GPU machine)
+    runs its whole plan here with --dry on the CPU backend: the worker run through the real
+    cluster and CLI, anvil-generate and anvil-bench-engine each generate exactly prompts x n
+    x new tokens, and the ratio line is computed. Its figures mean nothing here."""
+    import shutil
+    import subprocess
+    import sys
+
+    import anvil_cluster
+
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    rels = dict(anvil_cluster.BINARIES, **{
+        "anvil-bench-engine": "gen_worker/engine/cuda/bench/anvil-bench-engine"})
+    for name in ("anvil", "anvil-broker", "anvil-gen-worker", "anvil-generate",
+                 "anvil-bench-engine"):
+        path = os.path.join(anvil_cluster.BUILD, rels[name])
+        if not os.access(path, os.X_OK):
+            pytest.skip("%s is not built" % name)
+        os.symlink(path, bins / name)
+    redis = shutil.which("redis-server")
+    if not redis:
+        pytest.skip("no redis-server")
+    os.symlink(redis, bins / "redis-server")
+    out = tmp_path / "out"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_worker_bench.py")
+    p = subprocess.run([sys.executable, script, "--bin", str(bins), "--out", str(out),
+                        "--write", str(tmp_path / "model"), "--dry", "--prompts", "6", "--n",
+                        "3", "--prompt-tokens", "64", "--new", "10"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    lines = {d["run"]: d for d in (json.loads(l) for l in p.stdout.splitlines()
+                                   if l.startswith("{"))}
+    for run in ("worker", "engine", "bench"):
+        assert lines[run]["ok"] and lines[run]["generated"] == 6 * 3 * 10, lines[run]
+        assert lines[run]["tok_s"] > 0
+    assert lines["worker"]["finish"] == {"length": 18}
+    assert lines["ratio"]["worker_over_engine"] > 0
