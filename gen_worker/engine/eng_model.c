@@ -2,14 +2,16 @@
 
     Per layer (HF LlamaDecoderLayer / Qwen2DecoderLayer):
         xn = rmsnorm(x)                         (first layer; later layers get it fused below)
-        q, k, v = xn Wq^T (+bq), xn Wk^T (+bk), xn Wv^T (+bv)
-        rope(q, k); kv_store(k, v); a = attention(q, cache)
+        qkv = xn Wqkv^T (+bqkv)                  (q|k|v weights stacked: one matmul)
+        q = rope(q); store rope(k), v in the cache (rope_kv_store); a = attention(q, cache)
         o = a Wo^T;  x += o; xn = rmsnorm(x) w_post        (fused add_rmsnorm)
-        m = (silu(xn Wg^T) * xn Wu^T) Wd^T
+        m = swiglu(xn Wgu^T) Wd^T                 (gate|up stacked: one matmul, swiglu_fused)
         x += m; xn = rmsnorm(x) w_next_input              (fused, or the final norm)
     then logits = xn[rows] lm_head^T and logprobs = log_softmax(logits).
-    The weight set is a separate struct so that a reload can build a complete new one and swap
-    it in only when every tensor checked out. Activation buffers grow to the largest step seen.
+    The stacked weights are filled tensor by tensor into one backend buffer each (weight_into:
+    the staging ring on a GPU, so they load as fast as the others). The weight set is a
+    separate struct so that a reload can build a complete new one and swap it in only when
+    every tensor checked out. Activation buffers grow to the largest step seen.
     With graphs on (eng_model_set_graphs) and a backend that has graph_step, a decode-only step
     is padded to its bucket (eng_graph_pad; the pad tokens use one private KV block past the
     caller's) and its ops up to the logits run as one replayed graph; the graph key changes
@@ -37,7 +39,7 @@ typedef struct {
 } s_w_t;
 
 typedef struct {
-    s_w_t in_norm, post_norm, wq, wk, wv, wo, bq, bk, bv, wg, wu, wd;
+    s_w_t in_norm, post_norm, wqkv, bqkv, wo, wgu, wd; /* qkv, gu: stacked rows */
 } s_layer_t;
 
 typedef struct {
@@ -47,6 +49,8 @@ typedef struct {
     s_layer_t *layers;
     void **handed; /* every pointer the backend's weight() returned, for weight_release */
     int n_handed, cap_handed;
+    void **stacked; /* the stacked weights' buffers (alloc), for free */
+    int n_stacked, cap_stacked, n_tensors;
     size_t bytes;   /* handed to the backend */
     double seconds; /* open + parse + upload, synced */
 } s_weights_t;
@@ -64,7 +68,7 @@ struct eng_model {
     int graphs;
     uint64_t graph_key; /* bumped when a buffer the ops use moves */
     eng_graph_pad_t pad;
-    float *x, *xn, *q, *k, *v, *att, *o, *gate, *up, *out_rows, *logits;
+    float *x, *xn, *qkv, *q, *att, *o, *gu, *gate, *out_rows, *logits;
 };
 
 /* --- weights ----------------------------------------------------------------------------- */
@@ -77,6 +81,9 @@ static void s_weights_free(eng_backend_t *be, s_weights_t **wp)
     for (int i = 0; i < w->n_handed; i++)
         be->weight_release(be, w->handed[i]);
     free(w->handed);
+    for (int i = 0; i < w->n_stacked; i++)
+        be->free(be, w->stacked[i]);
+    free(w->stacked);
     for (int i = 0; i < w->n_files; i++)
         eng_st_destroy(&w->files[i]);
     free(w->layers);
@@ -94,15 +101,9 @@ static const eng_st_tensor_t *s_lookup(s_weights_t *w, const char *name)
     return NULL;
 }
 
-/* Finds name, checks its shape (d1 == 0 for a vector) and hands it to the backend. */
-static int s_get(eng_model_t *self,
-                 s_weights_t *w,
-                 s_w_t *out,
-                 const char *name,
-                 int64_t d0,
-                 int64_t d1,
-                 char *err,
-                 size_t errlen)
+/* Finds name and checks its shape (d1 == 0 for a vector). */
+static int s_find(s_weights_t *w, const eng_st_tensor_t **out, const char *name, int64_t d0,
+                  int64_t d1, char *err, size_t errlen)
 {
     const eng_st_tensor_t *t = s_lookup(w, name);
     if (!t) {
@@ -122,25 +123,92 @@ static int s_get(eng_model_t *self,
                      got, (long long)d0);
         return ANV_EFORMAT;
     }
-    if (w->n_handed == w->cap_handed) {
-        int cap = w->cap_handed ? w->cap_handed * 2 : 64;
-        void **h = realloc(w->handed, (size_t)cap * sizeof(void *));
-        if (!h) {
-            snprintf(err, errlen, "out of memory");
+    *out = t;
+    return 0;
+}
+
+/* Appends p to a pointer list (grown). */
+static int s_keep(void ***list, int *n, int *cap, void *p)
+{
+    if (*n == *cap) {
+        int c = *cap ? *cap * 2 : 64;
+        void **l = realloc(*list, (size_t)c * sizeof(void *));
+        if (!l)
             return -ENOMEM;
-        }
-        w->handed = h;
-        w->cap_handed = cap;
+        *list = l;
+        *cap = c;
     }
+    (*list)[(*n)++] = p;
+    return 0;
+}
+
+/* Finds name, checks its shape and hands it to the backend. */
+static int s_get(eng_model_t *self,
+                 s_weights_t *w,
+                 s_w_t *out,
+                 const char *name,
+                 int64_t d0,
+                 int64_t d1,
+                 char *err,
+                 size_t errlen)
+{
+    const eng_st_tensor_t *t;
+    int rc = s_find(w, &t, name, d0, d1, err, errlen);
+    if (rc)
+        return rc;
     void *p = self->be->weight(self->be, t->data, t->nbytes);
-    if (!p) {
+    if (!p || s_keep(&w->handed, &w->n_handed, &w->cap_handed, p)) {
+        if (p)
+            self->be->weight_release(self->be, p);
         snprintf(err, errlen, "backend cannot take weight '%s'", name);
         return -ENOMEM;
     }
-    w->handed[w->n_handed++] = p;
     w->bytes += t->nbytes;
+    w->n_tensors++;
     out->p = p;
     out->dt = t->dtype;
+    return 0;
+}
+
+/* The n tensors names[i] (shape (d0[i], d1), or vectors when d1 == 0), one dtype, stacked
+   along their first dimension in one backend buffer. */
+static int s_get_stacked(eng_model_t *self, s_weights_t *w, s_w_t *out, char names[][160],
+                         const int64_t *d0, int64_t d1, int n, char *err, size_t errlen)
+{
+    const eng_st_tensor_t *t[3];
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        int rc = s_find(w, &t[i], names[i], d0[i], d1, err, errlen);
+        if (rc)
+            return rc;
+        if (t[i]->dtype != t[0]->dtype) {
+            snprintf(err, errlen, "weights '%s' and '%s' differ in dtype (they are stacked)",
+                     names[0], names[i]);
+            return ANV_EFORMAT;
+        }
+        total += t[i]->nbytes;
+    }
+    eng_backend_t *be = self->be;
+    char *p = be->alloc(be, total);
+    if (!p || s_keep(&w->stacked, &w->n_stacked, &w->cap_stacked, p)) {
+        be->free(be, p);
+        snprintf(err, errlen, "backend cannot take weight '%s' (%zu bytes stacked)", names[0],
+                 total);
+        return -ENOMEM;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        int rc = be->weight_into(be, p + off, t[i]->data, t[i]->nbytes);
+        if (rc) {
+            snprintf(err, errlen, "backend cannot take weight '%s'", names[i]);
+            return rc;
+        }
+        off += t[i]->nbytes;
+        w->n_tensors++;
+    }
+    w->bytes += total;
+    out->p = p;
+    out->dt = t[0]->dtype;
     return 0;
 }
 
@@ -238,32 +306,42 @@ static s_weights_t *s_weights_load(eng_model_t *self, const char *dir, char *err
             s_w_t *dst;
             const char *suffix;
             int64_t d0, d1;
-            bool want;
         } list[] = {
-            {&L->in_norm, "input_layernorm.weight", H, 0, true},
-            {&L->post_norm, "post_attention_layernorm.weight", H, 0, true},
-            {&L->wq, "self_attn.q_proj.weight", Q, H, true},
-            {&L->wk, "self_attn.k_proj.weight", KV, H, true},
-            {&L->wv, "self_attn.v_proj.weight", KV, H, true},
-            {&L->wo, "self_attn.o_proj.weight", H, Q, true},
-            {&L->bq, "self_attn.q_proj.bias", Q, 0, c->qkv_bias},
-            {&L->bk, "self_attn.k_proj.bias", KV, 0, c->qkv_bias},
-            {&L->bv, "self_attn.v_proj.bias", KV, 0, c->qkv_bias},
-            {&L->wg, "mlp.gate_proj.weight", F, H, true},
-            {&L->wu, "mlp.up_proj.weight", F, H, true},
-            {&L->wd, "mlp.down_proj.weight", H, F, true},
+            {&L->in_norm, "input_layernorm.weight", H, 0},
+            {&L->post_norm, "post_attention_layernorm.weight", H, 0},
         };
         for (size_t i = 0; i < sizeof(list) / sizeof(list[0]); i++) {
-            if (!list[i].want)
-                continue;
             snprintf(n, sizeof(n), "model.layers.%d.%s", l, list[i].suffix);
             if ((rc = s_get(self, w, list[i].dst, n, list[i].d0, list[i].d1, err, errlen)))
                 goto fail;
         }
-        if (c->qkv_bias && (L->bq.dt != L->wq.dt || L->bk.dt != L->wk.dt || L->bv.dt != L->wv.dt)) {
-            snprintf(err, errlen, "layer %d: q/k/v bias dtype differs from the weight's", l);
+        char sn[3][160];
+        const int64_t qkv_d0[3] = {Q, KV, KV}, gu_d0[2] = {F, F};
+        const char *qkv[3] = {"q_proj", "k_proj", "v_proj"};
+        for (int i = 0; i < 3; i++)
+            snprintf(sn[i], sizeof(sn[i]), "model.layers.%d.self_attn.%s.weight", l, qkv[i]);
+        if ((rc = s_get_stacked(self, w, &L->wqkv, sn, qkv_d0, H, 3, err, errlen)))
             goto fail;
+        snprintf(n, sizeof(n), "model.layers.%d.self_attn.o_proj.weight", l);
+        if ((rc = s_get(self, w, &L->wo, n, H, Q, err, errlen)))
+            goto fail;
+        if (c->qkv_bias) {
+            for (int i = 0; i < 3; i++)
+                snprintf(sn[i], sizeof(sn[i]), "model.layers.%d.self_attn.%s.bias", l, qkv[i]);
+            if ((rc = s_get_stacked(self, w, &L->bqkv, sn, qkv_d0, 0, 3, err, errlen)))
+                goto fail;
+            if (L->bqkv.dt != L->wqkv.dt) {
+                snprintf(err, errlen, "layer %d: q/k/v bias dtype differs from the weight's", l);
+                goto fail;
+            }
         }
+        snprintf(sn[0], sizeof(sn[0]), "model.layers.%d.mlp.gate_proj.weight", l);
+        snprintf(sn[1], sizeof(sn[1]), "model.layers.%d.mlp.up_proj.weight", l);
+        if ((rc = s_get_stacked(self, w, &L->wgu, sn, gu_d0, H, 2, err, errlen)))
+            goto fail;
+        snprintf(n, sizeof(n), "model.layers.%d.mlp.down_proj.weight", l);
+        if ((rc = s_get(self, w, &L->wd, n, H, F, err, errlen)))
+            goto fail;
     }
     if (self->be->sync(self->be)) { /* the uploads are asynchronous on a device */
         snprintf(err, errlen, "backend failed while uploading the weights");
@@ -271,7 +349,7 @@ static s_weights_t *s_weights_load(eng_model_t *self, const char *dir, char *err
     }
     w->seconds = (anv_now_ns() - t0) * 1e-9;
     ANV_INFO("weights: %d tensors from %d file(s), %.2f GB in %.3f s (%.2f GB/s) on %s",
-             w->n_handed, w->n_files, w->bytes / 1e9, w->seconds,
+             w->n_tensors, w->n_files, w->bytes / 1e9, w->seconds,
              w->seconds > 0 ? w->bytes / 1e9 / w->seconds : 0.0, self->be->name);
     return w;
 fail:
@@ -284,8 +362,8 @@ fail:
 static void s_free_acts(eng_model_t *self)
 {
     eng_backend_t *be = self->be;
-    float **bufs[] = {&self->x, &self->xn,   &self->q,  &self->k,        &self->v,     &self->att,
-                      &self->o, &self->gate, &self->up, &self->out_rows, &self->logits};
+    float **bufs[] = {&self->x,  &self->xn, &self->qkv,  &self->q,        &self->att,
+                      &self->o,  &self->gu, &self->gate, &self->out_rows, &self->logits};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         be->free(be, *bufs[i]);
         *bufs[i] = NULL;
@@ -314,6 +392,10 @@ eng_model_t *eng_model_new(const char *dir, eng_backend_t *be, char *err, size_t
         return NULL;
     }
     self->be = be;
+    if (!be->weight_into || !be->rope_kv_store || !be->swiglu_fused) {
+        snprintf(err, errlen, "backend '%s' lacks the fused ops the model runs on", be->name);
+        goto fail;
+    }
     if (eng_config_load(dir, &self->cfg, err, errlen))
         goto fail;
     self->w = s_weights_load(self, dir, err, errlen);
@@ -442,17 +524,16 @@ static int s_reserve_acts(eng_model_t *self, int n_tok, int n_rows)
            KV = (size_t)c->n_kv_heads * c->head_dim, F = c->ffn;
     self->x = be->alloc(be, t * H * 4);
     self->xn = be->alloc(be, t * H * 4);
+    self->qkv = be->alloc(be, t * (Q + 2 * KV) * 4);
     self->q = be->alloc(be, t * Q * 4);
-    self->k = be->alloc(be, t * KV * 4);
-    self->v = be->alloc(be, t * KV * 4);
     self->att = be->alloc(be, t * Q * 4);
     self->o = be->alloc(be, t * H * 4);
+    self->gu = be->alloc(be, t * 2 * F * 4);
     self->gate = be->alloc(be, t * F * 4);
-    self->up = be->alloc(be, t * F * 4);
     self->out_rows = be->alloc(be, (size_t)nr * H * 4);
     self->logits = be->alloc(be, (size_t)nr * c->vocab * 4);
-    if (!self->x || !self->xn || !self->q || !self->k || !self->v || !self->att || !self->o ||
-        !self->gate || !self->up || !self->out_rows || !self->logits) {
+    if (!self->x || !self->xn || !self->qkv || !self->q || !self->att || !self->o || !self->gu ||
+        !self->gate || !self->out_rows || !self->logits) {
         s_free_acts(self);
         return -ENOMEM;
     }
@@ -521,21 +602,18 @@ static int s_ops(eng_model_t *self, const eng_forward_t *b)
         else
             S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, L->in_norm.p, L->in_norm.dt, n, H,
                                   eps));
-        S_TRY(be->matmul(be, self->q, self->xn, L->wq.p, L->bq.p, L->wq.dt, n, H, Q));
-        S_TRY(be->matmul(be, self->k, self->xn, L->wk.p, L->bk.p, L->wk.dt, n, H, KV));
-        S_TRY(be->matmul(be, self->v, self->xn, L->wv.p, L->bv.p, L->wv.dt, n, H, KV));
-        S_TRY(be->rope(be, self->q, self->k, b->pos, n, c->n_heads, c->n_kv_heads, c->head_dim,
-                       c->rope_theta));
-        S_TRY(be->kv_store(be, self->k_pool[l], self->v_pool[l], self->k, self->v, b->slots, n,
-                           c->n_kv_heads, c->head_dim));
+        S_TRY(be->matmul(be, self->qkv, self->xn, L->wqkv.p, L->bqkv.p, L->wqkv.dt, n, H,
+                         Q + 2 * KV));
+        S_TRY(be->rope_kv_store(be, self->q, self->qkv, self->k_pool[l], self->v_pool[l], b->pos,
+                                b->slots, n, c->n_heads, c->n_kv_heads, c->head_dim,
+                                c->rope_theta));
         S_TRY(be->attention(be, self->att, self->q, self->k_pool[l], self->v_pool[l], &b->attn,
                             c->n_heads, c->n_kv_heads, c->head_dim, self->block_size));
         S_TRY(be->matmul(be, self->o, self->att, L->wo.p, NULL, L->wo.dt, n, Q, H));
         S_TRY(be->add_rmsnorm(be, self->xn, self->x, self->o, L->post_norm.p, L->post_norm.dt, n, H,
                               eps));
-        S_TRY(be->matmul(be, self->gate, self->xn, L->wg.p, NULL, L->wg.dt, n, H, F));
-        S_TRY(be->matmul(be, self->up, self->xn, L->wu.p, NULL, L->wu.dt, n, H, F));
-        S_TRY(be->swiglu(be, self->gate, self->gate, self->up, n, F));
+        S_TRY(be->matmul(be, self->gu, self->xn, L->wgu.p, NULL, L->wgu.dt, n, H, 2 * F));
+        S_TRY(be->swiglu_fused(be, self->gate, self->gu, n, F));
         /* the MLP output goes to o; the next layer's (or the final) add_rmsnorm adds it */
         S_TRY(be->matmul(be, self->o, self->gate, L->wd.p, NULL, L->wd.dt, n, F, H));
     }

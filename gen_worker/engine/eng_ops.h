@@ -90,6 +90,10 @@ struct eng_backend {
        returns `host` itself; a device backend copies. Release with weight_release. */
     void *(*weight)(eng_backend_t *be, const void *host, size_t bytes);
     void (*weight_release)(eng_backend_t *be, void *ptr);
+    /* Copies a checkpoint tensor (host, mmap'd) into backend memory dst from alloc, the way
+       weight() fills its own (staged on a device; complete once sync() returns). For weights
+       the model stores stacked (q|k|v, gate|up rows). */
+    int (*weight_into)(eng_backend_t *be, void *dst, const void *host, size_t bytes);
     /* Copies between host and backend memory. */
     int (*upload)(eng_backend_t *be, void *dst, const void *host_src, size_t bytes);
     int (*download)(eng_backend_t *be, void *host_dst, const void *src, size_t bytes);
@@ -214,9 +218,9 @@ struct eng_backend {
        first). Accepts NULL; sets *be_p to NULL. */
     void (*destroy)(eng_backend_t **be_p);
 
-    /* --- optional extensions (NULL when a backend lacks them; of these the CPU backend sets
-       only `sample`, which the engine requires). The engine uses a member when it is
-       non-NULL and falls back to the ops above. ---------------------------------------- */
+    /* --- extensions (NULL when a backend lacks them). Both backends have sample,
+       rope_kv_store and swiglu_fused, which the engine's model requires; graphs, prepare and
+       mem_info are the CUDA backend's, used when present. ------------------------------- */
 
     /* Free and total bytes of backend memory now, to size the KV pools after the weights. */
     int (*mem_info)(eng_backend_t *be, size_t *free_bytes, size_t *total_bytes);

@@ -154,6 +154,14 @@ static void s_weight_release(eng_backend_t *be, void *ptr)
 {
 }
 
+static int s_weight_into(eng_backend_t *be, void *dst, const void *host, size_t bytes)
+{
+    if (!dst || !host)
+        return -EINVAL;
+    memcpy(dst, host, bytes);
+    return 0;
+}
+
 static int s_copy(eng_backend_t *be, void *dst, const void *src, size_t bytes)
 {
     if (!dst || !src)
@@ -462,6 +470,41 @@ s_swiglu(eng_backend_t *be, float *out, const float *gate, const float *up, int 
     return 0;
 }
 
+/* rope_kv_store as the composition of the ops above on contiguous copies: q to q_out, k and
+   v to scratch, rope, kv_store (the reference the CUDA fused kernel is held to). */
+static int s_rope_kv_store(eng_backend_t *be, float *q_out, const float *qkv, void *k_cache,
+                           void *v_cache, const int32_t *pos, const int32_t *slots, int n_tok,
+                           int n_head, int n_kv_head, int head_dim, float theta)
+{
+    size_t Q = (size_t)n_head * head_dim, KV = (size_t)n_kv_head * head_dim, row = Q + 2 * KV;
+    float *k = malloc((size_t)n_tok * KV * sizeof(float) * 2);
+    if (!k)
+        return -ENOMEM;
+    float *v = k + (size_t)n_tok * KV;
+    for (int t = 0; t < n_tok; t++) {
+        const float *r = qkv + (size_t)t * row;
+        memcpy(q_out + (size_t)t * Q, r, Q * sizeof(float));
+        memcpy(k + (size_t)t * KV, r + Q, KV * sizeof(float));
+        memcpy(v + (size_t)t * KV, r + Q + KV, KV * sizeof(float));
+    }
+    int rc = s_rope(be, q_out, k, pos, n_tok, n_head, n_kv_head, head_dim, theta);
+    if (!rc)
+        rc = s_kv_store(be, k_cache, v_cache, k, v, slots, n_tok, n_kv_head, head_dim);
+    free(k);
+    return rc;
+}
+
+static int s_swiglu_fused(eng_backend_t *be, float *out, const float *gu, int n, int ffn)
+{
+    for (int r = 0; r < n; r++) {
+        const float *g = gu + (size_t)r * 2 * ffn, *u = g + ffn;
+        float *o = out + (size_t)r * ffn;
+        for (int i = 0; i < ffn; i++)
+            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+    return 0;
+}
+
 static int s_gather_rows(
     eng_backend_t *be, float *out, const float *x, const int32_t *rows, int n_rows, int dim)
 {
@@ -558,6 +601,7 @@ eng_backend_t *eng_cpu_backend_new(int n_threads)
     be->free = s_free;
     be->weight = s_weight;
     be->weight_release = s_weight_release;
+    be->weight_into = s_weight_into;
     be->upload = s_copy;
     be->download = s_copy;
     be->sync = s_sync;
@@ -573,6 +617,8 @@ eng_backend_t *eng_cpu_backend_new(int n_threads)
     be->gather_rows = s_gather_rows;
     be->log_softmax = s_log_softmax;
     be->sample = s_sample;
+    be->rope_kv_store = s_rope_kv_store;
+    be->swiglu_fused = s_swiglu_fused;
     return be;
 fail:
     s_destroy(&be);

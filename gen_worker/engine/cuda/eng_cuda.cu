@@ -196,6 +196,21 @@ static void s_weight_release(eng_backend_t *be, void *ptr)
         cudaFree(ptr);
 }
 
+/* A checkpoint tensor into device memory the caller allocated (stacked weights), through the
+   same staging ring as s_weight. */
+static int s_weight_into(eng_backend_t *be, void *dst, const void *host, size_t bytes)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (!dst || !host)
+        return -EINVAL;
+    if (s_stage_setup(st) || eng_stage_copy(&st->stage, dst, host, bytes)) {
+        ANV_ERROR("cuda: cannot upload a weight of %zu bytes", bytes);
+        eng_stage_finish(&st->stage);
+        return -EIO;
+    }
+    return 0;
+}
+
 static int s_upload(eng_backend_t *be, void *dst, const void *host_src, size_t bytes)
 {
     ecu_state_t *st = ecu_st(be);
@@ -472,6 +487,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->free = s_free;
     be->weight = s_weight;
     be->weight_release = s_weight_release;
+    be->weight_into = s_weight_into;
     be->upload = s_upload;
     be->download = s_download;
     be->sync = s_sync;
