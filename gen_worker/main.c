@@ -44,7 +44,7 @@ int main(int argc, char **argv)
         {"slots", ANV_CFG_INT, "16", 1, 4096, "units (prompts) held at once", &slots, false},
         {"threads", ANV_CFG_INT, "0", 0, 1024, "CPU backend threads (0 = one per core)", &threads,
          false},
-        {"kv-mb", ANV_CFG_INT, "0", 0, 1 << 24, "KV cache budget in MiB (0 = engine default)",
+        {"kv-mb", ANV_CFG_INT, "0", 0, 1 << 24, "KV cache MiB (0 = free GPU memory after weights, 256 on CPU)",
          &kv_mb, false},
         {"max-batch-tokens", ANV_CFG_INT, "0", 0, 1 << 20, "tokens per step (0 = default)",
          &max_batch, false},

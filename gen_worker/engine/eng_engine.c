@@ -249,6 +249,7 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
     eng_engine_opts_t *o = &self->opts;
     if (!o->block_size)
         o->block_size = 16;
+    bool kv_auto = !o->kv_bytes && o->n_blocks <= 0;
     if (!o->kv_bytes)
         o->kv_bytes = (size_t)256 << 20;
     if (!o->max_batch_tokens)
@@ -285,6 +286,11 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
                  eng_tokenizer_size(self->tok), c->vocab);
         goto fail;
     }
+    size_t free_b = 0;
+    /* on a device the pool takes what the weights left (a GPU worker's pool, not a CPU
+       tool's 256 MiB: with 2048 tokens an 8B worker ran one sequence at a time) */
+    if (kv_auto && self->be->mem_info && self->be->mem_info(self->be, &free_b, NULL) == 0)
+        o->kv_bytes = eng_kv_auto_bytes(free_b, o->kv_bytes);
     size_t per_block = eng_model_kv_bytes_per_token(self->model) * (size_t)o->block_size;
     int n_blocks = o->n_blocks > 0 ? o->n_blocks : (int)(o->kv_bytes / per_block);
     if (n_blocks < 1) {

@@ -41,7 +41,8 @@ typedef struct {
     const char *backend;     /* "cpu" (default) or "cuda" */
     int n_threads;           /* CPU backend threads; 0 = one per core */
     int block_size;          /* tokens per KV block; 0 = 16 */
-    size_t kv_bytes;         /* KV pool budget; 0 = 256 MiB */
+    size_t kv_bytes;         /* KV pool budget; 0 = a device's free memory after the
+                                weights less 10 % and 4 GiB, else 256 MiB */
     int n_blocks;            /* > 0 overrides kv_bytes */
     int max_batch_tokens;    /* tokens per step (prefill chunks + decodes); 0 = 2048 */
     int max_seqs;            /* running sequences at most; 0 = 256 */

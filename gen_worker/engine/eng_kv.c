@@ -20,6 +20,12 @@ struct eng_kv {
     int peak_used;
 };
 
+size_t eng_kv_auto_bytes(size_t device_free, size_t fallback)
+{
+    size_t keep = ((size_t)4 << 30) + device_free / 10;
+    return device_free > keep && device_free - keep > fallback ? device_free - keep : fallback;
+}
+
 eng_kv_t *eng_kv_new(int n_blocks, int block_size)
 {
     if (n_blocks <= 0 || block_size <= 0)

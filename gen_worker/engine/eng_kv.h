@@ -14,6 +14,7 @@
 #ifndef ENG_KV_H
 #define ENG_KV_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct eng_kv eng_kv_t;
@@ -29,6 +30,11 @@ typedef struct {
 typedef struct {
     int32_t src, dst;
 } eng_kv_copy_t;
+
+/* The pool's byte budget when none was asked for: on a device with device_free bytes free
+   after the weights, all of it less 10 % and 4 GiB (activations, logits, graphs); with no
+   device (device_free 0) or when that is smaller, fallback. */
+size_t eng_kv_auto_bytes(size_t device_free, size_t fallback);
 
 eng_kv_t *eng_kv_new(int n_blocks, int block_size);
 void eng_kv_destroy(eng_kv_t **self_p);

@@ -123,6 +123,20 @@ static void test_enospc_changes_nothing(void **state)
     eng_kv_destroy(&kv);
 }
 
+/* the default pool: a GPU's free memory less 10 % and 4 GiB; no device or too little: the
+   fallback */
+static void test_auto_bytes(void **state)
+{
+    (void)state;
+    const size_t G = (size_t)1 << 30, fb = (size_t)256 << 20;
+    assert_int_equal(eng_kv_auto_bytes(0, fb), fb);
+    assert_int_equal(eng_kv_auto_bytes(4 * G, fb), fb);
+    assert_int_equal(eng_kv_auto_bytes(100 * G, fb), 100 * G - 4 * G - 10 * G);
+    size_t h200 = (size_t)(122.5 * (double)G); /* free after the 8B weights */
+    assert_true(eng_kv_auto_bytes(h200, fb) > 100 * G);
+    assert_true(eng_kv_auto_bytes(h200, fb) < h200 - 16 * G);
+}
+
 static void test_bad_args(void **state)
 {
     assert_null(eng_kv_new(0, 16));
@@ -143,6 +157,7 @@ int main(void)
         cmocka_unit_test(test_fork_cow),
         cmocka_unit_test(test_fork_full_block_no_copy),
         cmocka_unit_test(test_enospc_changes_nothing),
+        cmocka_unit_test(test_auto_bytes),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -127,7 +128,20 @@ def run_worker(a, out, work, bindir, model, prompts, backend):
         t0 = time.time()
         job = c.submit(prompts, "--samples", a.n, "--max-tokens", a.new, "--no-score",
                        "--temperature", "1.0", "--seed", "1", "--raw")
-        st = c.wait_state(job, ("done", "failed", "cancelled"), timeout=1200)
+        # polled here rather than with wait_state so that a slow or stuck run leaves its
+        # progress in session.log (the job's counters every 10 s)
+        deadline, last, st = t0 + a.worker_timeout, 0.0, {}
+        while True:
+            st = c.status(job)
+            if st.get("state") in ("done", "failed", "cancelled"):
+                break
+            if time.time() - last >= 10:
+                last = time.time()
+                log(out, "worker job after %.0f s: %s" % (last - t0, json.dumps(st)[:600]))
+            if time.time() > deadline:
+                raise RuntimeError("worker job not done after %d s: %s"
+                                   % (a.worker_timeout, json.dumps(st)[:600]))
+            time.sleep(0.2)
         t1 = time.time()
         res = c.results(job)
         gen = sum(r.get("completion_tokens", 0) for r in res)
@@ -211,7 +225,11 @@ def main():
     ap.add_argument("--cuda-graphs", action="store_true")
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated runs to leave out")
+    ap.add_argument("--worker-timeout", type=int, default=1200,
+                    help="seconds the worker run may take before it is abandoned (logs kept)")
     a = ap.parse_args()
+    # an outer `timeout` sends SIGTERM: unwind, so that the cluster's logs are still copied
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     os.makedirs(a.out, exist_ok=True)
     out = os.path.abspath(a.out)
     bindir = os.path.abspath(a.bin)

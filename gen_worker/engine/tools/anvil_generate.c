@@ -370,7 +370,7 @@ int main(int argc, char **argv)
         {"backend", ANV_CFG_STR, "cpu", 0, 0, "cpu or cuda", &a.backend, false},
         {"threads", ANV_CFG_INT, "0", 0, 1024, "CPU threads (0 = one per core)", &a.threads, false},
         {"block-size", ANV_CFG_INT, "16", 1, 1024, "KV block tokens", &a.block_size, false},
-        {"kv-blocks", ANV_CFG_INT, "0", 0, 1 << 24, "KV blocks (0 = 256 MiB worth)", &a.kv_blocks,
+        {"kv-blocks", ANV_CFG_INT, "0", 0, 1 << 24, "KV blocks (0 = engine default: free GPU memory, 256 MiB on CPU)", &a.kv_blocks,
          false},
         {"max-batch-tokens", ANV_CFG_INT, "2048", 1, 1 << 20, "tokens per step",
          &a.max_batch_tokens, false},
