@@ -3,6 +3,13 @@
 # packages.
 #
 #   deploy/bundle.sh [--build-dir DIR] [--out FILE.tar.gz] [--dir DIR]
+#   deploy/bundle.sh [--build-dir DIR] --gpu-tests DIR
+#
+# --gpu-tests makes, instead of the bundle, a flat folder of the CUDA test and bench binaries
+# (test_cuda_ops, test_cuda_model, test_cuda_graphs, eng_cuda_hfcheck, anvil-bench-engine,
+# anvil-generate) with lib/ holding the libraries the GPU host lacks, as
+# gen_worker/engine/cuda/bench/gpu_session.sh expects (it puts BUILD_DIR/lib on
+# LD_LIBRARY_PATH). The full bundle plus these would pass the device tool's 64 MiB carry limit.
 #
 # Layout: bin/ (wrappers that set LD_LIBRARY_PATH, then exec the real binary in libexec/),
 # libexec/ (the binaries; their DT_RPATH is $ORIGIN/../lib too), lib/ (every shared library
@@ -15,14 +22,51 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$repo/build"
 out=""
 dir=""
+gpu_tests=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --build-dir) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
-    *) echo "usage: deploy/bundle.sh [--build-dir DIR] [--out FILE.tar.gz] [--dir DIR]" >&2; exit 2 ;;
+    --gpu-tests) gpu_tests=$2; shift 2 ;;
+    *) echo "usage: deploy/bundle.sh [--build-dir DIR] [--out FILE.tar.gz] [--dir DIR] | [--gpu-tests DIR]" >&2; exit 2 ;;
     esac
 done
+# libraries the host provides: glibc's own, the loader, and the CUDA driver and runtime
+host_lib='^(libc|libm|libdl|librt|libpthread|libresolv|libutil|ld-linux.*|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnvidia.*)\.so'
+# copy_libs BINARY LIBDIR [SKIP_RE]: the shared libraries BINARY needs that the host does not
+# provide (nor match SKIP_RE)
+copy_libs() {
+    local skip=${3:-'^$'}
+    { ldd "$1" 2>/dev/null || true; } | awk '/=> \// {print $1, $3}' | while read -r soname path; do
+        if ! [[ "$soname" =~ $host_lib ]] && ! [[ "$soname" =~ $skip ]] && [ ! -e "$2/$soname" ]; then
+            cp -L "$path" "$2/$soname"
+        fi
+    done
+}
+
+if [ -n "$gpu_tests" ]; then
+    rm -rf "$gpu_tests"
+    mkdir -p "$gpu_tests/lib"
+    n=0
+    for name in test_cuda_ops test_cuda_model test_cuda_graphs eng_cuda_hfcheck anvil-bench-engine \
+        anvil-generate; do
+        f=$(find "$build" -path "$build/bundle" -prune -o -type f -name "$name" -perm -u+x -print | head -1)
+        if [ -z "$f" ]; then
+            echo "bundle.sh: $name is not built under $build (ANVIL_CUDA=ON?)" >&2
+            exit 1
+        fi
+        cp "$f" "$gpu_tests/$name"
+        # the C++ runtime stays the host's: lib/ goes on LD_LIBRARY_PATH for a whole session,
+        # Python and torch included, and they need the host's (newer) libstdc++
+        copy_libs "$f" "$gpu_tests/lib" '^(libstdc\+\+|libgcc_s)\.so'
+
+        n=$((n + 1))
+    done
+    echo "gpu tests: $gpu_tests ($(du -sh "$gpu_tests" | cut -f1); $n binaries, $(ls "$gpu_tests/lib" | wc -l) libraries)"
+    exit 0
+fi
+
 [ -n "$dir" ] || dir="$build/bundle/anvil"
 [ -n "$out" ] || out="$build/bundle/anvil-$(uname -m).tar.gz"
 
@@ -44,17 +88,11 @@ for tool in redis-server redis-cli bwrap; do
 done
 [ ${#bins[@]} -gt 0 ] || { echo "bundle.sh: no binaries found under $build" >&2; exit 1; }
 
-# libraries the host provides: glibc's own, the loader, and the CUDA driver and runtime
-host_lib='^(libc|libm|libdl|librt|libpthread|libresolv|libutil|ld-linux.*|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnvidia.*)\.so'
 for entry in "${bins[@]}"; do
     name=${entry%%=*}
     b=${entry#*=}
     cp "$b" "$dir/libexec/$name"
-    { ldd "$b" 2>/dev/null || true; } | awk '/=> \// {print $1, $3}' | while read -r soname path; do
-        if ! [[ "$soname" =~ $host_lib ]] && [ ! -e "$dir/lib/$soname" ]; then
-            cp -L "$path" "$dir/lib/$soname"
-        fi
-    done
+    copy_libs "$b" "$dir/lib"
     cat >"$dir/bin/$name" <<WRAP
 #!/bin/sh
 # wrapper: the bundle's libraries first, then the real binary

@@ -5,7 +5,9 @@
 #
 # BUILD_DIR holds the prebuilt binaries (anvil-bench-engine, anvil-generate, test_cuda_ops,
 # test_cuda_model, test_cuda_graphs, eng_cuda_hfcheck; found by name anywhere below it, so a
-# carried folder of just those files works too). OUT receives one log per step plus
+# carried folder of just those files works too: `deploy/bundle.sh --gpu-tests DIR` makes one,
+# with DIR/lib holding the libraries the GPU host lacks, e.g. libcjson for anvil-generate;
+# BUILD_DIR/lib goes on LD_LIBRARY_PATH). OUT receives one log per step plus
 # summary.txt (step, exit status, seconds). Steps, in priority order, each under its own
 # `timeout` and never past the overall budget (default 530 s, to fit a 9-minute command):
 #
@@ -23,6 +25,11 @@
 #   hf_peer      hf_peer_bench.py: HF transformers generate at the same decode batches
 #   vs_hf        hf_compare.py: the engine against HF on a 2-layer Seed-Coder shape
 #   memcheck     memcheck.sh: compute-sanitizer memcheck on a short whole-model run
+#   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
+#                (time, DRAM bytes, GB/s) and the time between kernels
+#
+# The device tool brings back only a few files from $OUT: give OUT outside it and tar it,
+#   gpu_session.sh build-gpu /tmp/gpu; tar czf $OUT/gpu.tgz -C /tmp gpu
 #
 # --dry runs the same plan where it can without a GPU: the bench on the CPU backend at the
 # tiny shape, a small checkpoint through the fast writer and its load on the CPU, the GPU
@@ -48,6 +55,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 SRC=$(cd "$(dirname "$0")/../../../.." && pwd)
 PY=${ANVIL_PYTHON:-$(command -v python3)}
+[ -d "$BUILD/lib" ] && export LD_LIBRARY_PATH="$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export ANVIL_PYTHON=$PY ANVIL_SOURCE_DIR=$SRC
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
@@ -191,6 +199,11 @@ else
 fi
 step vs_hf 120 "$PY" "$TESTS/hf_compare.py" "$HFCHECK"
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
+if [ $DRY = 0 ] && command -v ncu > /dev/null; then
+    step kernels 150 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
+else
+    log "kernels: needs ncu and the GPU, not run"
+fi
 
 # figures: the bench's lines and the peer's next to each other
 {
@@ -198,6 +211,8 @@ step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
     grep -E "^(device|decode|decode_ctx|grpo|summary)" "$OUT/bench.log" 2>/dev/null
     echo "== hf peer"
     grep -E "^hf_" "$OUT/hf_peer.log" 2>/dev/null
+    echo "== one batch-1 decode step, kernel by kernel (ncu)"
+    grep -E "^(kernel|step) " "$OUT/kernels.log" 2>/dev/null
 } > "$OUT/figures.txt"
 log "done in $(( $(date +%s) - START ))s; summary:"
 cat "$SUMMARY" | tee -a "$OUT/session.log"
