@@ -592,6 +592,7 @@ gen_worker_t *gen_worker_new(const gen_worker_config_t *cfg)
         .backend = cfg->backend,
         .n_threads = cfg->n_threads,
         .kv_bytes = cfg->kv_mb > 0 ? (size_t)cfg->kv_mb << 20 : 0,
+        .kv_dtype = cfg->kv_dtype,
         .max_batch_tokens = cfg->max_batch_tokens,
         .weight_version = cfg->weight_version,
         .cuda_graphs = cfg->cuda_graphs,

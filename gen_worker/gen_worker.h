@@ -41,6 +41,7 @@ typedef struct {
     int n_threads;               /* CPU backend threads, 0 = one per core */
     int slots;                   /* units held at once */
     int64_t kv_mb;               /* KV budget in MiB, 0 = engine default */
+    const char *kv_dtype;        /* KV cache dtype, NULL/"" = the backend's (eng_engine.h) */
     int max_batch_tokens;        /* 0 = engine default */
     int default_max_tokens;      /* when a unit sets none */
     uint64_t weight_version;     /* version of the weights in model_dir */

@@ -29,6 +29,7 @@ int main(int argc, char **argv)
 {
     char *broker = NULL, *model = NULL, *backend = NULL, *worker_id = NULL, *gpus = NULL;
     char *ready_file = NULL, *log_level = NULL, *curve_secret = NULL, *curve_server = NULL;
+    char *kv_dtype = NULL;
     int64_t gpu, slots, threads, kv_mb, max_batch, max_tokens, version, grace_ms;
     bool log_json = false, cuda_graphs = false;
     const anv_cfg_opt_t opts[] = {
@@ -46,6 +47,8 @@ int main(int argc, char **argv)
          false},
         {"kv-mb", ANV_CFG_INT, "0", 0, 1 << 24, "KV cache MiB (0 = free GPU memory after weights, 256 on CPU)",
          &kv_mb, false},
+        {"kv-dtype", ANV_CFG_STR, "", 0, -1, "KV cache dtype: bf16, f32, fp8 (default: backend's)",
+         &kv_dtype, false},
         {"max-batch-tokens", ANV_CFG_INT, "0", 0, 1 << 20, "tokens per step (0 = default)",
          &max_batch, false},
         {"max-tokens", ANV_CFG_INT, "1024", 1, 1 << 20, "new tokens when a job sets none",
@@ -138,6 +141,7 @@ int main(int argc, char **argv)
         .n_threads = (int)threads,
         .slots = (int)slots,
         .kv_mb = kv_mb,
+        .kv_dtype = kv_dtype,
         .max_batch_tokens = (int)max_batch,
         .default_max_tokens = (int)max_tokens,
         .weight_version = (uint64_t)version,

@@ -261,9 +261,11 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
         goto fail;
     }
     self->version = o->weight_version;
-    self->be = eng_backend_new(o->backend ? o->backend : "cpu", o->n_threads);
+    self->be = eng_backend_new_kv(o->backend ? o->backend : "cpu", o->n_threads, o->kv_dtype);
     if (!self->be) {
-        snprintf(err, errlen, "cannot start backend '%s'", o->backend ? o->backend : "cpu");
+        snprintf(err, errlen, "cannot start backend '%s'%s%s", o->backend ? o->backend : "cpu",
+                 o->kv_dtype && *o->kv_dtype ? " with KV dtype " : "",
+                 o->kv_dtype && *o->kv_dtype ? o->kv_dtype : "");
         goto fail;
     }
     if (!self->be->sample) {

@@ -39,6 +39,8 @@ typedef struct eng_engine eng_engine_t;
 typedef struct {
     const char *model_dir;
     const char *backend;     /* "cpu" (default) or "cuda" */
+    const char *kv_dtype;    /* KV pools: NULL = the backend's (cpu f32; cuda $ANVIL_CUDA_KV
+                                or bf16), "bf16", "f32" or "fp8" (e4m3, CUDA only) */
     int n_threads;           /* CPU backend threads; 0 = one per core */
     int block_size;          /* tokens per KV block; 0 = 16 */
     size_t kv_bytes;         /* KV pool budget; 0 = a device's free memory after the

@@ -7,8 +7,10 @@
 #include "eng_ops.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "anv_log.h"
 #include "cpu/eng_cpu.h"
@@ -24,6 +26,8 @@ size_t eng_dtype_size(eng_dtype_t dtype)
     case ENG_DTYPE_F16:
     case ENG_DTYPE_BF16:
         return 2;
+    case ENG_DTYPE_F8E4M3:
+        return 1;
     }
     return 0;
 }
@@ -37,8 +41,83 @@ const char *eng_dtype_name(eng_dtype_t dtype)
         return "F16";
     case ENG_DTYPE_BF16:
         return "BF16";
+    case ENG_DTYPE_F8E4M3:
+        return "F8E4M3";
     }
     return "?";
+}
+
+/* E4M3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; exponent 0 is subnormal (m / 8 * 2^-6);
+   S.1111.111 is NaN, so the largest finite value is 1.75 * 2^8 = 448. */
+float eng_f8e4m3_to_f32(uint8_t b)
+{
+    int sign = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 15 && m == 7)
+        return NAN;
+    if (e == 0)
+        v = ldexpf((float)m, -9); /* m / 8 * 2^-6 */
+    else
+        v = ldexpf(1.0f + (float)m / 8.0f, e - 7);
+    return sign ? -v : v;
+}
+
+uint8_t eng_f32_to_f8e4m3(float v)
+{
+    if (isnan(v))
+        return 0x7f;
+    uint8_t sign = signbit(v) ? 0x80 : 0;
+    float a = fabsf(v);
+    if (a >= 448.0f) /* saturating (the largest finite value; infinities too) */
+        return sign | 0x7e;
+    /* the quantum of a's binade [2^k, 2^(k+1)) is 2^(k-3), and 2^-9 below 2^-6 (subnormals);
+       rintf rounds to nearest even, exactly: a / quantum has few significant bits */
+    int k = a >= 0x1p-6f ? ilogbf(a) : -6;
+    float q = ldexpf(rintf(ldexpf(a, 3 - k)), k - 3);
+    if (q < 0x1p-6f)
+        return sign | (uint8_t)(int)ldexpf(q, 9);
+    int e = ilogbf(q); /* k + 1 when rounding carried into the next binade */
+    int m = (int)ldexpf(q, 3 - e) - 8;
+    return sign | (uint8_t)((e + 7) << 3) | (uint8_t)m;
+}
+
+int eng_kv_dtype_parse(const char *name, eng_dtype_t *out)
+{
+    if (!name || !out)
+        return -1;
+    if (strcasecmp(name, "bf16") == 0)
+        *out = ENG_DTYPE_BF16;
+    else if (strcasecmp(name, "f32") == 0 || strcasecmp(name, "fp32") == 0)
+        *out = ENG_DTYPE_F32;
+    else if (strcasecmp(name, "fp8") == 0 || strcasecmp(name, "f8e4m3") == 0 ||
+             strcasecmp(name, "fp8_e4m3") == 0)
+        *out = ENG_DTYPE_F8E4M3;
+    else
+        return -1;
+    return 0;
+}
+
+eng_backend_t *eng_backend_new_kv(const char *name, int n_threads, const char *kv_dtype)
+{
+    if (!kv_dtype || !*kv_dtype)
+        return eng_backend_new(name, n_threads);
+    eng_dtype_t dt;
+    if (eng_kv_dtype_parse(kv_dtype, &dt)) {
+        ANV_ERROR("'%s' is not a KV dtype (bf16, f32, fp8)", kv_dtype);
+        return NULL;
+    }
+    if (!name || strcmp(name, "cpu") == 0) {
+        if (dt != ENG_DTYPE_F32) {
+            ANV_ERROR("the cpu backend keeps its KV cache in f32 (asked for %s)", kv_dtype);
+            return NULL;
+        }
+        return eng_cpu_backend_new(n_threads);
+    }
+#ifdef ENG_HAVE_CUDA
+    if (strcmp(name, "cuda") == 0)
+        return eng_cuda_backend_new_kv(dt);
+#endif
+    return eng_backend_new(name, n_threads); /* the same refusal */
 }
 
 eng_backend_t *eng_backend_new(const char *name, int n_threads)

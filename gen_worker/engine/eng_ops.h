@@ -33,11 +33,22 @@ typedef enum {
     ENG_DTYPE_F32 = 0,
     ENG_DTYPE_F16 = 1,
     ENG_DTYPE_BF16 = 2,
+    ENG_DTYPE_F8E4M3 = 3, /* KV pools only (CUDA, --kv-dtype fp8), never weights */
 } eng_dtype_t;
 
 /* Size in bytes of one element, 0 for an unknown value. */
 size_t eng_dtype_size(eng_dtype_t dtype);
 const char *eng_dtype_name(eng_dtype_t dtype);
+
+/* OCP FP8 E4M3 (the "fn" variant: no infinities, max 448): round to nearest even, saturating
+   to +-448, NaN to NaN; the same conversion as CUDA's __nv_cvt_float_to_fp8(..., __NV_SATFINITE,
+   __NV_E4M3). The host side of an fp8 KV cache (tests build their references with it). */
+uint8_t eng_f32_to_f8e4m3(float v);
+float eng_f8e4m3_to_f32(uint8_t b);
+
+/* A KV dtype by name: "bf16", "f32" (or "fp32"), "fp8" (or "f8e4m3", "fp8_e4m3"); any case.
+   0, or -1 for an unknown name. */
+int eng_kv_dtype_parse(const char *name, eng_dtype_t *out);
 
 /* One step's attention batch: n_seq sequences, sequence s contributes the query tokens
    [q_start[s], q_start[s+1]) of the step (prefill chunks and single decode tokens mixed), and
@@ -305,5 +316,8 @@ void eng_graph_pad_release(eng_graph_pad_t *p);
    the CPU backend (0 = one per core). Returns NULL with the reason logged when the name is
    unknown or the backend cannot start. */
 eng_backend_t *eng_backend_new(const char *name, int n_threads);
+/* Same with the KV pools in the named dtype (eng_kv_dtype_parse); NULL or "" = the backend's
+   default (cpu: f32, the only one it keeps; cuda: $ANVIL_CUDA_KV, else bf16). */
+eng_backend_t *eng_backend_new_kv(const char *name, int n_threads, const char *kv_dtype);
 
 #endif

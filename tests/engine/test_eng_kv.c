@@ -1,6 +1,7 @@
 /*  test_eng_kv.c - the KV block manager: allocation, refcounts, fork, copy-on-write,
     all-or-nothing appends and the peak counter. */
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +11,7 @@
 #include <cmocka.h>
 
 #include "eng_kv.h"
+#include "eng_ops.h"
 
 static void test_append_slots(void **state)
 {
@@ -137,6 +139,46 @@ static void test_auto_bytes(void **state)
     assert_true(eng_kv_auto_bytes(h200, fb) < h200 - 16 * G);
 }
 
+/* fp8 KV (E4M3 fn): every finite code survives a round trip, ties go to even, large values
+   saturate to 448, subnormals keep their 2^-9 step, NaN stays NaN */
+static void test_f8e4m3(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 256; b++) {
+        if ((b & 0x7f) == 0x7f) {
+            assert_true(isnan(eng_f8e4m3_to_f32((uint8_t)b)));
+            continue;
+        }
+        float f = eng_f8e4m3_to_f32((uint8_t)b);
+        assert_int_equal(eng_f32_to_f8e4m3(f), b);
+    }
+    assert_true(eng_f8e4m3_to_f32(0x7e) == 448.0f);
+    assert_true(eng_f8e4m3_to_f32(0x01) == 0x1p-9f);
+    assert_true(eng_f8e4m3_to_f32(0x08) == 0x1p-6f);
+    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(1.0625f)) == 1.0f);   /* tie: even */
+    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(1.1875f)) == 1.25f);  /* tie: even */
+    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(1.07f)) == 1.125f);
+    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(15.5f)) == 16.0f);    /* carries a binade */
+    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(0x1.8p-10f)) == 0x1p-9f); /* tie: odd up */
+    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(0x1p-11f)) == 0.0f);
+    assert_int_equal(eng_f32_to_f8e4m3(1000.0f), 0x7e);
+    assert_int_equal(eng_f32_to_f8e4m3(-1e30f), 0xfe);
+    assert_int_equal(eng_f32_to_f8e4m3(INFINITY), 0x7e);
+    assert_int_equal(eng_f32_to_f8e4m3(NAN) & 0x7f, 0x7f);
+    eng_dtype_t dt;
+    assert_int_equal(eng_kv_dtype_parse("FP8", &dt), 0);
+    assert_int_equal(dt, ENG_DTYPE_F8E4M3);
+    assert_int_equal(eng_dtype_size(dt), 1);
+    assert_int_equal(eng_kv_dtype_parse("bf16", &dt), 0);
+    assert_int_equal(dt, ENG_DTYPE_BF16);
+    assert_int_equal(eng_kv_dtype_parse("int4", &dt), -1);
+    /* the CPU backend keeps f32 only */
+    assert_null(eng_backend_new_kv("cpu", 1, "fp8"));
+    eng_backend_t *be = eng_backend_new_kv("cpu", 1, "f32");
+    assert_non_null(be);
+    be->destroy(&be);
+}
+
 static void test_bad_args(void **state)
 {
     assert_null(eng_kv_new(0, 16));
@@ -158,6 +200,7 @@ int main(void)
         cmocka_unit_test(test_fork_full_block_no_copy),
         cmocka_unit_test(test_enospc_changes_nothing),
         cmocka_unit_test(test_auto_bytes),
+        cmocka_unit_test(test_f8e4m3),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,7 +8,7 @@
     B: four sequences of different prompt lengths prefilled in one step (the cuBLASLt path,
        bf16 activations into the tensor cores) and bf16 KV, then 64 decode steps
        teacher-forced with the CPU's greedy tokens; log-softmax within a bf16 tolerance and
-       the greedy choices compared.
+       the greedy choices compared. The same with fp8 (e4m3) KV: its accuracy cost.
     --steps N changes the number of decode steps (compute-sanitizer runs use fewer).
 */
 #include "ecu_test.h"
@@ -124,8 +124,12 @@ static void test_greedy(eng_backend_t *cpu, eng_backend_t *gpu, int steps)
     free(lc), free(lg);
 }
 
-static void test_batch_teacher_forced(eng_backend_t *cpu, eng_backend_t *gpu, int steps)
+/* max_d: bound on |dlogprob| against the CPU (fp32 KV); min_agree: % of greedy choices that
+   must agree. The printed figures are the accuracy cost of the GPU's KV dtype. */
+static void test_batch_teacher_forced(eng_backend_t *cpu, eng_backend_t *gpu, int steps,
+                                      double max_d, int min_agree)
 {
+    const char *kvn = eng_dtype_name(gpu->kv_dtype);
     enum { NS = 4 };
     int V = s_cfg.vocab, bs = s_cfg.block_size, mb = 12;
     int32_t plen[NS] = {40, 13, 100, 3};
@@ -175,11 +179,14 @@ static void test_batch_teacher_forced(eng_backend_t *cpu, eng_backend_t *gpu, in
         q_start[0] = 0;
     }
     char name[128];
-    snprintf(name, sizeof(name), "batch of 4, bf16 kv: max |dlogprob| %.3f < 0.1", worst);
-    ecu_t_check(worst < 0.1, name);
-    printf("%-4s %s; greedy agreement %d/%d\n", worst < 0.1 ? "ok" : "FAIL", name, agree, total);
-    snprintf(name, sizeof(name), "greedy agreement %d/%d >= 95%%", agree, total);
-    ecu_t_check(agree * 100 >= total * 95, name);
+    snprintf(name, sizeof(name), "batch of 4, %s kv: max |dlogprob| %.3f < %g", kvn, worst,
+             max_d);
+    ecu_t_check(worst < max_d, name);
+    printf("%-4s %s; greedy agreement %d/%d\n", worst < max_d ? "ok" : "FAIL", name, agree,
+           total);
+    snprintf(name, sizeof(name), "%s kv: greedy agreement %d/%d >= %d%%", kvn, agree, total,
+             min_agree);
+    ecu_t_check(agree * 100 >= total * min_agree, name);
     eng_bm_destroy(&c.m);
     eng_bm_destroy(&g.m);
     free(lc), free(lg);
@@ -198,12 +205,17 @@ int main(int argc, char **argv)
     eng_backend_t *cpu = eng_backend_new("cpu", 2);
     eng_backend_t *g32 = eng_cuda_backend_new_kv(ENG_DTYPE_F32);
     eng_backend_t *gbf = eng_cuda_backend_new_kv(ENG_DTYPE_BF16);
-    if (!cpu || !g32 || !gbf) {
+    eng_backend_t *gf8 = eng_cuda_backend_new_kv(ENG_DTYPE_F8E4M3);
+    if (!cpu || !g32 || !gbf || !gf8) {
         printf("FAIL: cannot create the backends\n");
         return 1;
     }
     test_greedy(cpu, g32, steps);
-    test_batch_teacher_forced(cpu, gbf, steps);
+    test_batch_teacher_forced(cpu, gbf, steps, 0.1, 95);
+    /* fp8 KV (--kv-dtype fp8): bounds set before its first GPU run, from e4m3's 2^-4
+       relative step; the figures printed are what the note reports */
+    test_batch_teacher_forced(cpu, gf8, steps, 0.5, 85);
+    gf8->destroy(&gf8);
     gbf->destroy(&gbf);
     g32->destroy(&g32);
     cpu->destroy(&cpu);

@@ -15,7 +15,7 @@
 #include "cpu/eng_cpu.h"
 #include "eng_cuda.h"
 
-static eng_backend_t *cpu, *gpu, *gpu32;
+static eng_backend_t *cpu, *gpu, *gpu32, *gpu8;
 
 static void *s_weights(const float *w, size_t n, eng_dtype_t dt, float *rounded)
 {
@@ -139,14 +139,22 @@ static void test_rope_kv(int hd)
     snprintf(name, sizeof(name), "rope k hd=%d", hd);
     ecu_t_close(name, gotk, k, kn, 1e-5);
 
-    /* kv_store into bf16 (default) and fp32 pools vs the CPU's fp32 pool */
+    /* kv_store into bf16 (default), fp32 and fp8 pools vs the CPU's fp32 pool (for fp8: the
+       CPU's values rounded by eng_f32_to_f8e4m3, which the device must match exactly) */
     size_t pool = (size_t)nb * bs * nkv * hd;
-    float *ck = calloc(pool, 4), *cv = calloc(pool, 4), *gotp = malloc(pool * 4);
-    cpu->kv_store(cpu, ck, cv, k, v, slots, n, nkv, hd);
-    eng_backend_t *bes[2] = {gpu, gpu32};
-    for (int bi = 0; bi < 2; bi++) {
+    float *ck0 = calloc(pool, 4), *cv0 = calloc(pool, 4), *gotp = malloc(pool * 4);
+    float *ck8 = malloc(pool * 4), *cv8 = malloc(pool * 4);
+    cpu->kv_store(cpu, ck0, cv0, k, v, slots, n, nkv, hd);
+    for (size_t i = 0; i < pool; i++) {
+        ck8[i] = eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(ck0[i]));
+        cv8[i] = eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(cv0[i]));
+    }
+    eng_backend_t *bes[3] = {gpu, gpu32, gpu8};
+    for (int bi = 0; bi < 3; bi++) {
         eng_backend_t *be = bes[bi];
         size_t es = eng_dtype_size(be->kv_dtype);
+        int f8 = be->kv_dtype == ENG_DTYPE_F8E4M3;
+        float *ck = f8 ? ck8 : ck0, *cv = f8 ? cv8 : cv0;
         void *pk = be->alloc(be, pool * es), *pv = be->alloc(be, pool * es);
         float *bk = ecu_t_put(be, k, kn * 4), *bv = ecu_t_put(be, v, kn * 4);
         be->kv_store(be, pk, pv, bk, bv, slots, n, nkv, hd);
@@ -173,7 +181,9 @@ static void test_rope_kv(int hd)
         eng_cpu_widen(gotp, raw, be->kv_dtype, 0, pool);
         snprintf(name, sizeof(name), "rope_kv_store k hd=%d kv=%s", hd,
                  eng_dtype_name(be->kv_dtype));
-        ecu_t_close(name, gotp, ck, pool, tol > 0 ? tol : 1e-5);
+        /* fp8: rope's ulps between device and host may move a value across a rounding
+           boundary, one e4m3 step (1/16 relative) now and then */
+        ecu_t_close(name, gotp, ck, pool, f8 ? 1e-2 : tol > 0 ? tol : 1e-5);
         ecu_t_get(be, raw, fv, pool * es);
         eng_cpu_widen(gotp, raw, be->kv_dtype, 0, pool);
         snprintf(name, sizeof(name), "rope_kv_store v hd=%d kv=%s", hd,
@@ -194,7 +204,8 @@ static void test_rope_kv(int hd)
         be->free(be, gqkv), be->free(be, gqo), be->free(be, fk), be->free(be, fv);
     }
     gpu->free(gpu, gq), gpu->free(gpu, gk);
-    free(q), free(k), free(v), free(got), free(gotk), free(qkv), free(ck), free(cv), free(gotp);
+    free(q), free(k), free(v), free(got), free(gotk), free(qkv), free(ck0), free(cv0), free(gotp);
+    free(ck8), free(cv8);
 }
 
 /* Mixed batch: a fresh prefill chunk, a long decode (several splits), a continued prefill
@@ -225,6 +236,9 @@ static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
         if (be->kv_dtype == ENG_DTYPE_BF16) {
             ((uint16_t *)hk)[i] = ecu_t_bf16(a), ((uint16_t *)hv)[i] = ecu_t_bf16(b);
             a = ecu_t_bf16_f(ecu_t_bf16(a)), b = ecu_t_bf16_f(ecu_t_bf16(b));
+        } else if (be->kv_dtype == ENG_DTYPE_F8E4M3) {
+            ((uint8_t *)hk)[i] = eng_f32_to_f8e4m3(a), ((uint8_t *)hv)[i] = eng_f32_to_f8e4m3(b);
+            a = eng_f8e4m3_to_f32(((uint8_t *)hk)[i]), b = eng_f8e4m3_to_f32(((uint8_t *)hv)[i]);
         } else {
             ((float *)hk)[i] = a, ((float *)hv)[i] = b;
         }
@@ -472,7 +486,8 @@ int main(void)
     cpu = eng_backend_new("cpu", 2);
     gpu = eng_backend_new("cuda", 0);
     gpu32 = eng_cuda_backend_new_kv(ENG_DTYPE_F32);
-    if (!cpu || !gpu || !gpu32) {
+    gpu8 = eng_cuda_backend_new_kv(ENG_DTYPE_F8E4M3);
+    if (!cpu || !gpu || !gpu32 || !gpu8) {
         printf("FAIL: cannot create the backends\n");
         return 1;
     }
@@ -490,11 +505,14 @@ int main(void)
     test_attention(gpu32, 128, 32, 8);
     test_attention(gpu, 64, 8, 8);
     test_attention(gpu32, 64, 28, 4);
+    test_attention(gpu8, 128, 32, 8);
+    test_attention(gpu8, 64, 28, 4);
     test_elementwise();
     test_softmax_sample();
     size_t fr = 0, tot = 0;
     ecu_t_check(gpu->mem_info(gpu, &fr, &tot) == 0 && fr > 0 && fr <= tot, "mem_info");
     gpu32->destroy(&gpu32);
+    gpu8->destroy(&gpu8);
     gpu->destroy(&gpu);
     cpu->destroy(&cpu);
     return ecu_t_done("test_cuda_ops");

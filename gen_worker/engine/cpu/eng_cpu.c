@@ -100,6 +100,12 @@ void eng_cpu_widen(float *dst, const void *src, eng_dtype_t dtype, size_t offset
             dst[i] = eng_cpu_f16_to_f32(s[i]);
         break;
     }
+    case ENG_DTYPE_F8E4M3: {
+        const uint8_t *s = (const uint8_t *)src + offset;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = eng_f8e4m3_to_f32(s[i]);
+        break;
+    }
     }
 }
 

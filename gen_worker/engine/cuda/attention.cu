@@ -137,7 +137,7 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
     return 0;
 }
 
-/* K/V element loads widened to fp32, 8 at a time (16 bytes of bf16, 32 of fp32). */
+/* K/V element loads widened to fp32, 8 at a time (16 bytes of bf16, 32 of fp32, 8 of fp8). */
 static __device__ __forceinline__ void s_ld8(const __nv_bfloat16 *p, float *o)
 {
     uint4 u = *(const uint4 *)p;
@@ -152,6 +152,20 @@ static __device__ __forceinline__ void s_ld8(const float *p, float *o)
     float4 a = *(const float4 *)p, c = *(const float4 *)(p + 4);
     o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = c.x, o[5] = c.y, o[6] = c.z,
     o[7] = c.w;
+}
+/* fp8 e4m3: 8 bytes, widened two at a time (exact: every e4m3 value is a float) */
+static __device__ __forceinline__ float2 s_f8x2(unsigned short u)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)u, __NV_E4M3);
+    return __half22float2(*(const __half2 *)&h);
+}
+static __device__ __forceinline__ void s_ld8(const __nv_fp8_e4m3 *p, float *o)
+{
+    uint2 u = *(const uint2 *)p;
+    float2 a = s_f8x2((unsigned short)(u.x & 0xffff)), b = s_f8x2((unsigned short)(u.x >> 16));
+    float2 c = s_f8x2((unsigned short)(u.y & 0xffff)), d = s_f8x2((unsigned short)(u.y >> 16));
+    o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y, o[4] = c.x, o[5] = c.y, o[6] = d.x,
+    o[7] = d.y;
 }
 
 template <int HD, int RPW, typename T>
@@ -282,6 +296,18 @@ template <int PER> static __device__ __forceinline__ void s_ldp(const __nv_bfloa
         o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
     } else {
         float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)p);
+        o[0] = a.x, o[1] = a.y;
+    }
+}
+template <int PER>
+static __device__ __forceinline__ void s_ldp(const __nv_fp8_e4m3 *p, float *o)
+{
+    if (PER == 4) {
+        unsigned int u = *(const unsigned int *)p;
+        float2 a = s_f8x2((unsigned short)(u & 0xffff)), b = s_f8x2((unsigned short)(u >> 16));
+        o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
+    } else {
+        float2 a = s_f8x2(*(const unsigned short *)p);
         o[0] = a.x, o[1] = a.y;
     }
 }
@@ -539,18 +565,18 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
     ECU_TRY(ecu_attn_plan(st, batch, n_head, head_dim, &p));
     ECU_TRY(ecu_buf_reserve(&st->part_o, (size_t)p->n_parts * n_head * head_dim * 4));
     ECU_TRY(ecu_buf_reserve(&st->part_ml, (size_t)p->n_parts * n_head * sizeof(float2)));
-    bool bf = be->kv_dtype == ENG_DTYPE_BF16;
     int rc;
-    if (head_dim == 64)
-        rc = bf ? s_attn_launch_hd<64, __nv_bfloat16>(st, p, q, k_cache, v_cache, n_head,
-                                                      n_kv_head, block_size)
-                : s_attn_launch_hd<64, float>(st, p, q, k_cache, v_cache, n_head, n_kv_head,
-                                              block_size);
-    else
-        rc = bf ? s_attn_launch_hd<128, __nv_bfloat16>(st, p, q, k_cache, v_cache, n_head,
-                                                       n_kv_head, block_size)
-                : s_attn_launch_hd<128, float>(st, p, q, k_cache, v_cache, n_head, n_kv_head,
-                                               block_size);
+#define ECU_ATTN_KV(HD)                                                                        \
+    (be->kv_dtype == ENG_DTYPE_BF16                                                            \
+         ? s_attn_launch_hd<HD, __nv_bfloat16>(st, p, q, k_cache, v_cache, n_head, n_kv_head,  \
+                                               block_size)                                     \
+     : be->kv_dtype == ENG_DTYPE_F8E4M3                                                        \
+         ? s_attn_launch_hd<HD, __nv_fp8_e4m3>(st, p, q, k_cache, v_cache, n_head, n_kv_head,  \
+                                               block_size)                                     \
+         : s_attn_launch_hd<HD, float>(st, p, q, k_cache, v_cache, n_head, n_kv_head,          \
+                                       block_size))
+    rc = head_dim == 64 ? ECU_ATTN_KV(64) : ECU_ATTN_KV(128);
+#undef ECU_ATTN_KV
     if (rc)
         return rc;
     dim3 grid(p->n_tok, n_head);

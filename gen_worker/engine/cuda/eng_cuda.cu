@@ -12,6 +12,7 @@
 */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "eng_cuda_internal.h"
 #include "eng_sample_hash.h"
@@ -332,6 +333,10 @@ extern "C" int eng_cuda_fill_random(eng_backend_t *be, void *dst, eng_dtype_t dt
     case ENG_DTYPE_F16:
         s_fill_kernel<<<grid, 256, 0, st->stream>>>((__half *)dst, n, seed, center, scale);
         break;
+    case ENG_DTYPE_F8E4M3:
+        s_fill_kernel<<<grid, 256, 0, st->stream>>>((__nv_fp8_e4m3 *)dst, n, seed, center,
+                                                     scale);
+        break;
     default:
         return -EINVAL;
     }
@@ -456,8 +461,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     }
     be->state = st;
     be->destroy = s_destroy;
-    if (kv_dtype != ENG_DTYPE_BF16 && kv_dtype != ENG_DTYPE_F32) {
-        ANV_ERROR("cuda backend: kv dtype %s is not supported (bf16, f32)",
+    if (kv_dtype != ENG_DTYPE_BF16 && kv_dtype != ENG_DTYPE_F32 &&
+        kv_dtype != ENG_DTYPE_F8E4M3) {
+        ANV_ERROR("cuda backend: kv dtype %s is not supported (bf16, f32, fp8)",
                   ecu_dtype_name(kv_dtype));
         goto fail;
     }
@@ -521,10 +527,13 @@ extern "C" eng_backend_t *eng_cuda_backend_new(void)
 {
     const char *kv = getenv("ANVIL_CUDA_KV");
     eng_dtype_t dt = ENG_DTYPE_BF16;
-    if (kv && (strcmp(kv, "f32") == 0 || strcmp(kv, "F32") == 0))
+    if (kv && (strcasecmp(kv, "f32") == 0 || strcasecmp(kv, "fp32") == 0))
         dt = ENG_DTYPE_F32;
-    else if (kv && strcmp(kv, "bf16") != 0 && strcmp(kv, "BF16") != 0) {
-        ANV_ERROR("ANVIL_CUDA_KV='%s' is not a kv dtype (bf16, f32)", kv);
+    else if (kv && (strcasecmp(kv, "fp8") == 0 || strcasecmp(kv, "f8e4m3") == 0 ||
+                    strcasecmp(kv, "fp8_e4m3") == 0))
+        dt = ENG_DTYPE_F8E4M3;
+    else if (kv && strcasecmp(kv, "bf16") != 0) {
+        ANV_ERROR("ANVIL_CUDA_KV='%s' is not a kv dtype (bf16, f32, fp8)", kv);
         return NULL;
     }
     return eng_cuda_backend_new_kv(dt);

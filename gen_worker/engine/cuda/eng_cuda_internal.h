@@ -12,6 +12,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdint.h>
@@ -145,11 +146,18 @@ extern __thread int ecu_buf_frozen;
    of the engine (which links it). */
 static inline size_t ecu_dtype_size(eng_dtype_t d)
 {
-    return d == ENG_DTYPE_F32 ? 4 : (d == ENG_DTYPE_F16 || d == ENG_DTYPE_BF16) ? 2 : 0;
+    return d == ENG_DTYPE_F32                              ? 4
+           : (d == ENG_DTYPE_F16 || d == ENG_DTYPE_BF16) ? 2
+           : d == ENG_DTYPE_F8E4M3                       ? 1
+                                                         : 0;
 }
 static inline const char *ecu_dtype_name(eng_dtype_t d)
 {
-    return d == ENG_DTYPE_F32 ? "F32" : d == ENG_DTYPE_F16 ? "F16" : d == ENG_DTYPE_BF16 ? "BF16" : "?";
+    return d == ENG_DTYPE_F32      ? "F32"
+           : d == ENG_DTYPE_F16    ? "F16"
+           : d == ENG_DTYPE_BF16   ? "BF16"
+           : d == ENG_DTYPE_F8E4M3 ? "F8E4M3"
+                                   : "?";
 }
 
 static inline ecu_state_t *ecu_st(eng_backend_t *be)
@@ -228,6 +236,10 @@ template <> __device__ __forceinline__ float ecu_ld<__half>(const __half *p, siz
 {
     return __half2float(p[i]);
 }
+template <> __device__ __forceinline__ float ecu_ld<__nv_fp8_e4m3>(const __nv_fp8_e4m3 *p, size_t i)
+{
+    return (float)p[i];
+}
 
 template <typename T> __device__ __forceinline__ T ecu_from_f32(float v);
 template <> __device__ __forceinline__ float ecu_from_f32<float>(float v)
@@ -241,6 +253,13 @@ template <> __device__ __forceinline__ __nv_bfloat16 ecu_from_f32<__nv_bfloat16>
 template <> __device__ __forceinline__ __half ecu_from_f32<__half>(float v)
 {
     return __float2half_rn(v);
+}
+/* fp8 KV: round to nearest even, saturating to +-448 (eng_f32_to_f8e4m3 on the host) */
+template <> __device__ __forceinline__ __nv_fp8_e4m3 ecu_from_f32<__nv_fp8_e4m3>(float v)
+{
+    __nv_fp8_e4m3 r;
+    r.__x = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    return r;
 }
 
 /* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets it. */

@@ -5,7 +5,8 @@
     f = pos * inv_freq in fp32, then cosf / sinf (full-precision, not the fast
     intrinsics: positions reach thousands of radians). The fused rope_kv_store reads one
     stacked q|k|v row per token, writes the rotated q for attention and stores rotated k and
-    v straight into the paged pools in the KV dtype, so k never makes a round trip.
+    v straight into the paged pools in the KV dtype (bf16, f32 or fp8 e4m3), so k never makes
+    a round trip.
 */
 #include "eng_cuda_internal.h"
 
@@ -81,6 +82,9 @@ extern "C" int ecu_kv_store(eng_backend_t *be, void *k_cache, void *v_cache, con
     if (be->kv_dtype == ENG_DTYPE_BF16)
         s_kv_store_kernel<<<n_tok, 256, 0, st->stream>>>(
             (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, k, v, d_slots, row);
+    else if (be->kv_dtype == ENG_DTYPE_F8E4M3)
+        s_kv_store_kernel<<<n_tok, 256, 0, st->stream>>>(
+            (__nv_fp8_e4m3 *)k_cache, (__nv_fp8_e4m3 *)v_cache, k, v, d_slots, row);
     else
         s_kv_store_kernel<<<n_tok, 256, 0, st->stream>>>((float *)k_cache, (float *)v_cache, k, v,
                                                          d_slots, row);
@@ -136,6 +140,10 @@ extern "C" int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *q
     if (be->kv_dtype == ENG_DTYPE_BF16)
         s_rope_store_kernel<<<n_tok, 256, 0, st->stream>>>(
             q_out, qkv, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, d_pos, d_slots,
+            n_head, n_kv_head, head_dim, theta);
+    else if (be->kv_dtype == ENG_DTYPE_F8E4M3)
+        s_rope_store_kernel<<<n_tok, 256, 0, st->stream>>>(
+            q_out, qkv, (__nv_fp8_e4m3 *)k_cache, (__nv_fp8_e4m3 *)v_cache, d_pos, d_slots,
             n_head, n_kv_head, head_dim, theta);
     else
         s_rope_store_kernel<<<n_tok, 256, 0, st->stream>>>(q_out, qkv, (float *)k_cache,

@@ -28,7 +28,8 @@
 #include "eng_engine.h"
 
 typedef struct {
-    char *model, *prompt, *prompts, *tokenize, *tokenize_jsonl, *backend, *seed, *stop, *log_level;
+    char *model, *prompt, *prompts, *tokenize, *tokenize_jsonl, *backend, *seed, *stop, *log_level,
+        *kv_dtype;
     int64_t max_tokens, top_k, n, threads, block_size, kv_blocks, max_batch_tokens, max_context,
         top_logprobs;
     double temperature, top_p, min_p;
@@ -370,6 +371,8 @@ int main(int argc, char **argv)
         {"backend", ANV_CFG_STR, "cpu", 0, 0, "cpu or cuda", &a.backend, false},
         {"threads", ANV_CFG_INT, "0", 0, 1024, "CPU threads (0 = one per core)", &a.threads, false},
         {"block-size", ANV_CFG_INT, "16", 1, 1024, "KV block tokens", &a.block_size, false},
+        {"kv-dtype", ANV_CFG_STR, "", 0, 0, "KV cache dtype: bf16, f32, fp8 (default: backend's)",
+         &a.kv_dtype, false},
         {"kv-blocks", ANV_CFG_INT, "0", 0, 1 << 24, "KV blocks (0 = engine default: free GPU memory, 256 MiB on CPU)", &a.kv_blocks,
          false},
         {"max-batch-tokens", ANV_CFG_INT, "2048", 1, 1 << 20, "tokens per step",
@@ -438,6 +441,7 @@ int main(int argc, char **argv)
         .n_threads = (int)a.threads,
         .block_size = (int)a.block_size,
         .n_blocks = (int)a.kv_blocks,
+        .kv_dtype = a.kv_dtype,
         .max_batch_tokens = (int)a.max_batch_tokens,
         .max_context = (int)a.max_context,
         .no_prefix_sharing = a.no_prefix_sharing,

@@ -52,7 +52,7 @@
 typedef struct {
     int json, prompt, n_new, layers, chunk, n_batches, threads, graphs;
     int batches[S_MAX_BATCHES];
-    const char *backend, *shape;
+    const char *backend, *shape, *kv_dtype;
     int ctx_batch, ctx_len, ctx_new;
     int grpo_prompts, grpo_samples, grpo_prompt, grpo_min_new, grpo_max_new, grpo_chunk;
     int grpo_max_batch, kv_blocks, grpo_no_sharing;
@@ -78,7 +78,7 @@ static void s_usage(void)
 {
     fprintf(stderr,
             "usage: anvil-bench-engine [--json] [--backend cuda|cpu] [--shape 8b|small|tiny]\n"
-            "  [--layers N] [--threads N] [--cuda-graphs]\n"
+            "  [--layers N] [--threads N] [--cuda-graphs] [--kv-dtype bf16|f32|fp8]\n"
             "  decode:     [--batches 1,16,64,256|none] [--prompt 512] [--new 256] [--chunk 8192]\n"
             "  decode_ctx: [--ctx-batch 256 (0 = off)] [--ctx-len 2048] [--ctx-new 256]\n"
             "  grpo:       [--grpo-prompts 64 (0 = off)] [--grpo-samples 8] [--grpo-prompt 1024]\n"
@@ -152,6 +152,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
             o->shape = v, i++;
         } else if (strcmp(a, "--backend") == 0 && v) {
             o->backend = v, i++;
+        } else if (strcmp(a, "--kv-dtype") == 0 && v) {
+            o->kv_dtype = v, i++;
         } else if (strcmp(a, "--grpo-seed") == 0 && v) {
             o->grpo_seed = strtoull(v, NULL, 10), i++;
         } else if (strcmp(a, "--batches") == 0 && v) {
@@ -721,7 +723,7 @@ int main(int argc, char **argv)
                         "(--backend cpu --shape tiny runs the workload logic on the CPU)\n");
         return 77;
     }
-    eng_backend_t *be = eng_backend_new(o.backend, o.threads);
+    eng_backend_t *be = eng_backend_new_kv(o.backend, o.threads, o.kv_dtype);
     if (!be)
         return 1;
     x.be = be;
@@ -771,9 +773,10 @@ int main(int argc, char **argv)
         cap_tokens = be->mem_info ? ((double)free1 + pools) * 0.9 / kv_tok : 0;
         if (!o.json)
             printf("device=%s backend=%s shape=%s copy_gbps=%.0f weights_gb=%.2f "
-                   "kv_bytes_per_token=%zu kv_capacity_tokens=%.0f layers=%d graphs=%s\n",
-                   dev, o.backend, o.shape, copy_gbps, weights_gb, kv_tok, cap_tokens,
-                   c.n_layer, o.graphs ? "off,on" : "off");
+                   "kv_dtype=%s kv_bytes_per_token=%zu kv_capacity_tokens=%.0f layers=%d "
+                   "graphs=%s\n",
+                   dev, o.backend, o.shape, copy_gbps, weights_gb, eng_dtype_name(be->kv_dtype),
+                   kv_tok, cap_tokens, c.n_layer, o.graphs ? "off,on" : "off");
         for (int i = 0; i < o.n_batches; i++)
             if (s_decode_config(&x, m, &c, &o, dev, "decode", o.batches[i], o.prompt, o.n_new,
                                 0, copy_gbps, &res[i], &gres[i]))

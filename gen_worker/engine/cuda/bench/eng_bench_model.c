@@ -86,6 +86,8 @@ int eng_bm_fill_host(eng_backend_t *be, void *dst, eng_dtype_t dtype, size_t n, 
             ((float *)buf)[i] = v;
         else if (dtype == ENG_DTYPE_BF16)
             ((uint16_t *)buf)[i] = s_to_bf16(v);
+        else if (dtype == ENG_DTYPE_F8E4M3)
+            ((uint8_t *)buf)[i] = eng_f32_to_f8e4m3(v);
         else
             ((uint16_t *)buf)[i] = s_to_f16(v);
     }

@@ -24,6 +24,8 @@
 #   gen_graphs   generate_graphs.sh: the engine with and without --cuda-graphs
 #   hf_peer      hf_peer_bench.py: HF transformers generate at the same decode batches
 #   vs_hf        hf_compare.py: the engine against HF on a 2-layer Seed-Coder shape
+#   vs_hf_fp8    the same with the KV cache in fp8 (ANVIL_CUDA_KV=fp8): its accuracy cost
+#   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   memcheck     memcheck.sh: compute-sanitizer memcheck on a short whole-model run
 #   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
 #                (time, DRAM bytes, GB/s) and the time between kernels
@@ -198,6 +200,12 @@ else
         --new 256
 fi
 step vs_hf 120 "$PY" "$TESTS/hf_compare.py" "$HFCHECK"
+if [ $DRY = 0 ]; then
+    # fp8 KV: its accuracy against HF, and its speed where KV dominates (batch 256 at 2k)
+    step vs_hf_fp8 120 env ANVIL_CUDA_KV=fp8 "$PY" "$TESTS/hf_compare.py" "$HFCHECK"
+    step bench_fp8 120 "$BENCH" --kv-dtype fp8 --cuda-graphs --batches 1,256 --prompt 512 \
+        --new 128 --ctx-batch 256 --ctx-len 2048 --ctx-new 256 --grpo-prompts 0
+fi
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
     step kernels 150 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
@@ -211,6 +219,9 @@ fi
     grep -E "^(device|decode|decode_ctx|grpo|summary)" "$OUT/bench.log" 2>/dev/null
     echo "== hf peer"
     grep -E "^hf_" "$OUT/hf_peer.log" 2>/dev/null
+    echo "== fp8 KV: accuracy (vs HF) and speed"
+    grep -E "^(engine vs|HF bf16|ok|FAIL)" "$OUT/vs_hf_fp8.log" 2>/dev/null
+    grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fp8.log" 2>/dev/null
     echo "== one batch-1 decode step, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels.log" 2>/dev/null
 } > "$OUT/figures.txt"
