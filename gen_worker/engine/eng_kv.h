@@ -32,9 +32,10 @@ typedef struct {
 } eng_kv_copy_t;
 
 /* The pool's byte budget when none was asked for: on a device with device_free bytes free
-   after the weights, all of it less 10 % and 4 GiB (activations, logits, graphs); with no
-   device (device_free 0) or when that is smaller, fallback. */
-size_t eng_kv_auto_bytes(size_t device_free, size_t fallback);
+   after weights of weight_bytes, all of it less 10 %, 4 GiB (activations, logits, graphs) and
+   weight_bytes again (a weight update loads the new weights before it frees the old ones);
+   with no device (device_free 0) or when that is smaller, fallback. */
+size_t eng_kv_auto_bytes(size_t device_free, size_t weight_bytes, size_t fallback);
 
 eng_kv_t *eng_kv_new(int n_blocks, int block_size);
 void eng_kv_destroy(eng_kv_t **self_p);

@@ -125,18 +125,22 @@ static void test_enospc_changes_nothing(void **state)
     eng_kv_destroy(&kv);
 }
 
-/* the default pool: a GPU's free memory less 10 % and 4 GiB; no device or too little: the
-   fallback */
+/* the default pool: a GPU's free memory less 10 %, 4 GiB and a second copy of the weights
+   (a weight update's new copy); no device or too little: the fallback */
 static void test_auto_bytes(void **state)
 {
     (void)state;
     const size_t G = (size_t)1 << 30, fb = (size_t)256 << 20;
-    assert_int_equal(eng_kv_auto_bytes(0, fb), fb);
-    assert_int_equal(eng_kv_auto_bytes(4 * G, fb), fb);
-    assert_int_equal(eng_kv_auto_bytes(100 * G, fb), 100 * G - 4 * G - 10 * G);
-    size_t h200 = (size_t)(122.5 * (double)G); /* free after the 8B weights */
-    assert_true(eng_kv_auto_bytes(h200, fb) > 100 * G);
-    assert_true(eng_kv_auto_bytes(h200, fb) < h200 - 16 * G);
+    assert_int_equal(eng_kv_auto_bytes(0, 0, fb), fb);
+    assert_int_equal(eng_kv_auto_bytes(4 * G, 0, fb), fb);
+    assert_int_equal(eng_kv_auto_bytes(100 * G, 0, fb), 100 * G - 4 * G - 10 * G);
+    assert_int_equal(eng_kv_auto_bytes(100 * G, 20 * G, fb), 100 * G - 4 * G - 10 * G - 20 * G);
+    assert_int_equal(eng_kv_auto_bytes(20 * G, 16 * G, fb), fb);
+    /* H200 after the 8B weights (16.5 GB): about 89 GB of KV, and the reload still fits */
+    size_t h200 = (size_t)(122.5 * (double)G), w8b = (size_t)16500924416ull;
+    size_t kv = eng_kv_auto_bytes(h200, w8b, fb);
+    assert_true(kv > 80 * G);
+    assert_true(h200 - kv > w8b + 4 * G);
 }
 
 /* fp8 KV (E4M3 fn): every finite code survives a round trip, ties go to even, large values
@@ -155,10 +159,10 @@ static void test_f8e4m3(void **state)
     assert_true(eng_f8e4m3_to_f32(0x7e) == 448.0f);
     assert_true(eng_f8e4m3_to_f32(0x01) == 0x1p-9f);
     assert_true(eng_f8e4m3_to_f32(0x08) == 0x1p-6f);
-    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(1.0625f)) == 1.0f);   /* tie: even */
-    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(1.1875f)) == 1.25f);  /* tie: even */
+    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(1.0625f)) == 1.0f);  /* tie: even */
+    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(1.1875f)) == 1.25f); /* tie: even */
     assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(1.07f)) == 1.125f);
-    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(15.5f)) == 16.0f);    /* carries a binade */
+    assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(15.5f)) == 16.0f);        /* carries a binade */
     assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(0x1.8p-10f)) == 0x1p-9f); /* tie: odd up */
     assert_true(eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(0x1p-11f)) == 0.0f);
     assert_int_equal(eng_f32_to_f8e4m3(1000.0f), 0x7e);
