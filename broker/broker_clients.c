@@ -1012,6 +1012,10 @@ static void s_on_workers(broker_t *b, zframe_t *id, uint64_t rid)
                             w->in_flight >= w->slots ? "busy" : "ready");
         x->last_seen_s = w->last_seen_ms == INT64_MIN ? -1 : (double)(now - w->last_seen_ms) / 1000.0;
         x->outstanding_tokens = w->outstanding_tokens;
+        x->has_free_kv_tokens = w->hb_has_free_kv;
+        x->free_kv_tokens = w->hb_free_kv;
+        x->has_credit = 1;
+        x->credit = broker_worker_credit(w);
         ptrs[k++] = x;
     }
     Anvil__Envelope env;

@@ -5,7 +5,8 @@
     call, then send each unit to a worker: gen units to the worker with the fewest outstanding
     tokens (remaining samples x max_tokens of its units), exec units to the one with the most
     free slots. A unit that cannot be sent (full pipe, worker gone) is released at once
-    without counting an attempt. Never more units are in flight at a worker than its credit.
+    without counting an attempt. Never more units are in flight at a worker than its credit,
+    which for a gen worker also follows its free KV (broker_worker_credit).
 
     Results are queued as they arrive and committed in one script call per loop iteration
     (broker_commit); while Redis is unreachable they stay queued and nothing is lost: the
@@ -576,7 +577,17 @@ void broker_dispatch(broker_t *b)
 {
     if (!broker_redis_usable(b))
         return;
+    /* an idle gen worker that reports its free KV gets one unit first (broker_worker_credit:
+       the size of its units is unknown); once that one is held, a second round offers the
+       rest now rather than at the next message */
+    bool probe = false;
+    for (broker_worker_t *w = zhashx_first(b->by_ident); w; w = zhashx_next(b->by_ident))
+        if (w->kind == ANVIL__WORKER_KIND__WORKER_GEN && w->hb_has_free_kv && w->in_flight == 0 &&
+            w->slots > 1)
+            probe = true;
     s_dispatch_kind(b, 0);
+    if (probe && broker_redis_usable(b))
+        s_dispatch_kind(b, 0);
     if (broker_redis_usable(b))
         s_dispatch_kind(b, 1);
 }

@@ -198,6 +198,8 @@ int broker_sched_load(broker_t *b, const char *only);
 void broker_workers_on_message(broker_t *b, zframe_t *identity, Anvil__Envelope *env);
 void broker_workers_tick(broker_t *b, int64_t now_ms);
 void broker_worker_destroy(broker_worker_t **self_p);
+/* Units the worker may be sent now: its slots less those in flight, and for a gen worker that
+   reports its free KV tokens, no more than that KV holds (see broker_workers.c). */
 uint32_t broker_worker_credit(const broker_worker_t *w);
 /* True when worker w may run units of job j (may be NULL: any job): a gen worker must serve the
    model the job names (if it names one), an exec worker must score every task kind the job

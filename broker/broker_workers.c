@@ -50,7 +50,24 @@ uint32_t broker_worker_credit(const broker_worker_t *w)
 {
     if (w->last_seen_ms == INT64_MIN || w->draining)
         return 0;
-    return w->slots > w->in_flight ? w->slots - w->in_flight : 0;
+    uint32_t c = w->slots > w->in_flight ? w->slots - w->in_flight : 0;
+    /* A gen worker's KV cache: its heartbeats report the free KV tokens. The units it holds
+       will still generate outstanding_tokens (remaining samples x max_tokens, an upper bound);
+       more units are offered only as far as the free KV holds those plus units of their mean
+       size, so the rest wait in the queue for a worker with room instead of in this one's
+       engine. While it holds nothing the size of a unit is unknown: one at a time, and a unit
+       larger than the whole cache still goes (the engine reports it). */
+    if (c && w->hb_has_free_kv) {
+        if (w->in_flight == 0)
+            return 1;
+        uint64_t per = w->outstanding_tokens / w->in_flight;
+        uint64_t fit = w->hb_free_kv > w->outstanding_tokens
+                           ? (w->hb_free_kv - w->outstanding_tokens) / (per ? per : 1)
+                           : 0;
+        if (fit < c)
+            c = (uint32_t)fit;
+    }
+    return c;
 }
 
 const char *broker_kind_capability(int kind)

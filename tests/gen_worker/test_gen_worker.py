@@ -3,7 +3,7 @@ tiny random model).
 
 Covers: prompts x n samples complete exactly once with token ids, fp32 logprobs and distinct
 seeds; a seeded job reproduces; a prompt longer than the context becomes an error sample; cancel
-stops the job and the worker keeps serving; SIGTERM drains (exit 0, nothing lost or doubled once
+stops the job and the worker keeps serving; credit follows the worker's free KV; SIGTERM drains (exit 0, nothing lost or doubled once
 a second worker finishes the job); SIGKILL loses nothing either.
 """
 import collections
@@ -70,6 +70,68 @@ def test_job_completes_once_per_sample(cluster, tiny_model, tmp_path):
     b = {(r["custom_id"], r["sample"]): r["token_ids"]
          for r in cluster.results(job2, "--logprobs")}
     assert a == b
+
+
+def _workers(cluster):
+    doc = json.loads(cluster.cli("workers", "--json").stdout)
+    return doc["workers"] if isinstance(doc, dict) else doc
+
+
+def _max_in_flight_during(cluster, job, worker_id, timeout=120):
+    """Polls `anvil workers` until the job is done: the most units the worker held at once."""
+    deadline, most = time.time() + timeout, 0
+    while time.time() < deadline:
+        for w in _workers(cluster):
+            if w.get("worker_id") == worker_id:
+                most = max(most, w.get("in_flight", 0))
+        if cluster.status(job).get("state") == "done":
+            return most
+        time.sleep(0.05)
+    raise AssertionError("job %s not done after %ss" % (job, timeout))
+
+
+def _wait_free_kv(cluster, worker_id, timeout=10):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for w in _workers(cluster):
+            if w.get("worker_id") == worker_id and "free_kv_tokens" in w:
+                return w
+        time.sleep(0.1)
+    raise AssertionError("no heartbeat with free_kv_tokens from %s" % worker_id)
+
+
+def test_credit_follows_free_kv(cluster, tiny_model, tmp_path):
+    """8 slots but a 1 MiB KV cache (128 blocks of 16 tokens: 2048 tokens): each unit may
+    generate 4 x 400 tokens, so the broker holds the others in the queue and the worker has
+    one at a time (two for a moment while a unit's last results are in transit: the samples
+    that ended free their share); the same job on a worker with the default cache gets
+    several at once, so it is the KV that limited the first. Greedy, so that the samples of
+    a unit end together."""
+    prompts = write_prompts(str(tmp_path / "p.jsonl"), 6)
+    args = ("--samples", "4", "--max-tokens", "400", "--no-score", "--temperature", "0")
+    cluster.start_gen_worker("small", tiny_model, "--threads", "1", "--slots", "8",
+                             "--kv-mb", "1")
+    cluster.wait_workers(1, "gen")
+    w = _wait_free_kv(cluster, "small")
+    assert 0 < w["free_kv_tokens"] <= 2048, w
+    assert w["credit"] == 1, w  # nothing held: one unit until a unit's size is known
+    job = cluster.submit(prompts, *args)
+    small = _max_in_flight_during(cluster, job, "small")
+    print("max in flight: small kv", small)
+    assert 1 <= small <= 2, small
+    res = cluster.results(job)
+    check_exactly_once(res, 6, 4)
+    cluster.stop("small")
+
+    cluster.start_gen_worker("big", tiny_model, "--threads", "1", "--slots", "8")
+    cluster.wait_workers(1, "gen")
+    w = _wait_free_kv(cluster, "big")
+    assert w["free_kv_tokens"] > 100000, w
+    job2 = cluster.submit(prompts, *args)
+    big = _max_in_flight_during(cluster, job2, "big")
+    print("max in flight: default kv", big)
+    assert big >= 4, big
+    check_exactly_once(cluster.results(job2), 6, 4)
 
 
 def test_chat_messages_and_too_long_prompt(cluster, tiny_model, tmp_path):
