@@ -288,11 +288,10 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
                  eng_tokenizer_size(self->tok), c->vocab);
         goto fail;
     }
-    size_t free_b = 0;
     /* on a device the pool takes what the weights left, less room for a weight update (a GPU
        worker's pool, not a CPU tool's 256 MiB: with 2048 tokens an 8B worker ran one
        sequence at a time) */
-    size_t w_bytes = 0;
+    size_t free_b = 0, w_bytes = 0;
     eng_model_load_stats(self->model, &w_bytes, NULL);
     if (kv_auto && self->be->mem_info && self->be->mem_info(self->be, &free_b, NULL) == 0)
         o->kv_bytes = eng_kv_auto_bytes(free_b, w_bytes, o->kv_bytes);

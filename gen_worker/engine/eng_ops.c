@@ -125,8 +125,16 @@ eng_backend_t *eng_backend_new(const char *name, int n_threads)
     if (!name || strcmp(name, "cpu") == 0)
         return eng_cpu_backend_new(n_threads);
 #ifdef ENG_HAVE_CUDA
-    if (strcmp(name, "cuda") == 0)
-        return eng_cuda_backend_new();
+    if (strcmp(name, "cuda") == 0) {
+        /* the KV dtype from the environment, bf16 by default */
+        const char *kv = getenv("ANVIL_CUDA_KV");
+        eng_dtype_t dt = ENG_DTYPE_BF16;
+        if (kv && *kv && eng_kv_dtype_parse(kv, &dt)) {
+            ANV_ERROR("ANVIL_CUDA_KV='%s' is not a kv dtype (bf16, f32, fp8)", kv);
+            return NULL;
+        }
+        return eng_cuda_backend_new_kv(dt);
+    }
 #endif
     if (strcmp(name, "cuda") == 0)
         ANV_ERROR("backend 'cuda' is not built into this binary (configure with -DANVIL_CUDA=ON)");

@@ -12,7 +12,6 @@
 */
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "eng_cuda_internal.h"
 #include "eng_sample_hash.h"
@@ -523,18 +522,4 @@ fail:
     return NULL;
 }
 
-extern "C" eng_backend_t *eng_cuda_backend_new(void)
-{
-    const char *kv = getenv("ANVIL_CUDA_KV");
-    eng_dtype_t dt = ENG_DTYPE_BF16;
-    if (kv && (strcasecmp(kv, "f32") == 0 || strcasecmp(kv, "fp32") == 0))
-        dt = ENG_DTYPE_F32;
-    else if (kv && (strcasecmp(kv, "fp8") == 0 || strcasecmp(kv, "f8e4m3") == 0 ||
-                    strcasecmp(kv, "fp8_e4m3") == 0))
-        dt = ENG_DTYPE_F8E4M3;
-    else if (kv && strcasecmp(kv, "bf16") != 0) {
-        ANV_ERROR("ANVIL_CUDA_KV='%s' is not a kv dtype (bf16, f32, fp8)", kv);
-        return NULL;
-    }
-    return eng_cuda_backend_new_kv(dt);
-}
+

@@ -19,12 +19,10 @@
 extern "C" {
 #endif
 
-/* The default CUDA backend: KV dtype from $ANVIL_CUDA_KV ("bf16", the default, "f32" or
-   "fp8": e4m3, half the bytes of bf16, for long contexts; its accuracy cost is measured by
-   tests/engine_cuda).
+/* The CUDA backend with its KV pools in kv_dtype (ENG_DTYPE_BF16, ENG_DTYPE_F32 or
+   ENG_DTYPE_F8E4M3: e4m3, half the bytes of bf16, for long contexts; its accuracy cost is
+   measured by tests/engine_cuda). eng_backend_new("cuda") picks it from $ANVIL_CUDA_KV.
    Returns NULL with the reason logged when no GPU is usable. */
-eng_backend_t *eng_cuda_backend_new(void);
-/* Same with an explicit KV dtype (ENG_DTYPE_BF16, ENG_DTYPE_F32 or ENG_DTYPE_F8E4M3). */
 eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype);
 
 /* True when a CUDA device is visible (for tests that skip without one). */
