@@ -55,8 +55,22 @@ contains() {
     CHECKS=$((CHECKS + 1))
 }
 
+# free_port: a free loopback port not handed out before in this test ($T/ports lists those
+# given: two binds in a row can get the same ephemeral port once the first is closed)
 free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    python3 - "$T/ports" <<'PY'
+import os, socket, sys
+given = set(open(sys.argv[1]).read().split()) if os.path.exists(sys.argv[1]) else set()
+while True:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    if port not in given:
+        break
+with open(sys.argv[1], "a") as f:
+    f.write(port + "\n")
+print(port)
+PY
 }
 
 # jq-like: json_eval EXPR < file (d is the parsed document)

@@ -39,10 +39,20 @@ def binary(name):
     return p if os.access(p, os.X_OK) else None
 
 
+_PORTS_GIVEN = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port never handed out before in this process. The kernel can give the
+    same ephemeral port to two binds in a row once the first is closed (a cluster whose client
+    and worker endpoints were one port failed CI: its broker could not bind the second)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def make_tiny_model(out_dir, **kw):
@@ -157,9 +167,21 @@ class Cluster:
         r = subprocess.run([path] + [str(a) for a in args], capture_output=True, text=True,
                            timeout=timeout, env=env, input=input)
         if check and r.returncode != 0:
-            raise AssertionError("anvil %s exited %d\nstdout: %s\nstderr: %s"
-                                 % (" ".join(map(str, args)), r.returncode, r.stdout, r.stderr))
+            raise AssertionError("anvil %s exited %d\nstdout: %s\nstderr: %s%s"
+                                 % (" ".join(map(str, args)), r.returncode, r.stdout, r.stderr,
+                                    self.exited()))
         return r
+
+    def exited(self):
+        """A line per service that has exited, with the end of its log ('' when all run): a
+        failed command's message says so when the broker it talked to is gone."""
+        out = ""
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                tail = self.log(name).splitlines()[-3:]
+                out += "\n%s exited %s; its log ends:\n  %s" % (name, p.returncode,
+                                                                 "\n  ".join(tail))
+        return out
 
     def submit(self, path, *args):
         r = self.cli("submit", path, "--json", *args)
