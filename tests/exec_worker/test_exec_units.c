@@ -137,6 +137,86 @@ static void t_compare(void **st)
     }
 }
 
+/* The element-by-element rule, written plainly: what the vectorized blocks must agree with. */
+typedef struct {
+    uint64_t bad, first_bad;
+    double max_abs, max_rel;
+    bool zero, cst;
+} s_naive_t;
+
+static s_naive_t s_naive(const float *r, const float *c, int n, double atol, double rtol)
+{
+    s_naive_t o = {0, UINT64_MAX, 0, 0, true, true};
+    double sum = 0;
+    int fin = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(r[i]))
+            sum += r[i], fin++;
+    double mean = fin ? sum / fin : 0;
+    for (int i = 0; i < n; i++) {
+        double rv = r[i], cv = c[i], lim = atol + rtol * fabs(rv);
+        bool close = isnan(rv) ? isnan(cv) : isinf(rv) ? cv == rv
+                                                       : isfinite(cv) && fabs(cv - rv) <= lim;
+        if (!close) {
+            o.bad++;
+            if (o.first_bad == UINT64_MAX)
+                o.first_bad = (uint64_t)i;
+        }
+        if (isfinite(rv) && isfinite(cv)) {
+            double d = fabs(cv - rv), den = fabs(rv) > 1e-12 ? fabs(rv) : 1e-12;
+            o.max_abs = d > o.max_abs ? d : o.max_abs;
+            o.max_rel = d / den > o.max_rel ? d / den : o.max_rel;
+        }
+        o.zero = o.zero && isfinite(rv) && fabs(rv) <= lim;
+        o.cst = o.cst && isfinite(rv) && fabs(mean - rv) <= lim;
+    }
+    return o;
+}
+
+/* Three blocks of 4096 and an odd tail: the fast path (finite blocks), the general path (a
+   block with a NaN on both sides) and the tail, with out-of-tolerance elements in each, must
+   give what the plain rule gives: count, first element, max abs and rel errors, the zero and
+   constant checks. */
+static void t_compare_blocks(void **st)
+{
+    enum { N = 3 * 4096 + 3 };
+    static float ref[N], cand[N];
+    exec_tol_t tol;
+    exec_tol_default(&tol);
+    for (int variant = 0; variant < 2; variant++) {
+        for (int i = 0; i < N; i++) {
+            ref[i] = variant ? 1.0f + 0.001f * (float)sin(i) /* narrow: a constant passes */
+                             : (float)(sin(i * 0.37) * (1 + i % 7));
+            cand[i] = ref[i] + 1e-4f * (float)cos(i * 1.3);
+        }
+        int bad_at[] = {5000, 4099, 9000, 12289, 12290};
+        for (int j = 0; j < 5; j++)
+            cand[bad_at[j]] += variant ? 0.5f : 3.0f;
+        if (!variant)
+            ref[6000] = cand[6000] = NAN; /* block 1 goes element by element */
+        char *r = s_file(ref, N, "0"), *c = s_file(cand, N, "0");
+        exec_cmp_t cmp;
+        assert_int_equal(exec_compare_files(r, c, &tol, &cmp), 0);
+        s_naive_t want = s_naive(ref, cand, N, 1e-2, 1e-2);
+        assert_int_equal(want.bad, 5);
+        assert_int_equal(cmp.bad, want.bad);
+        assert_false(cmp.match);
+        char at[64];
+        snprintf(at, sizeof at, "element %llu:", (unsigned long long)want.first_bad);
+        assert_non_null(strstr(cmp.reason, at));
+        assert_true(cmp.max_abs == want.max_abs);
+        assert_true(fabs(cmp.max_rel - want.max_rel) <= 1e-12 * want.max_rel);
+        assert_int_equal(cmp.zero_would_pass, want.zero);
+        assert_int_equal(cmp.const_would_pass, want.cst);
+        assert_int_equal(cmp.const_would_pass, variant == 1);
+        assert_int_equal(cmp.compared, N);
+        unlink(r);
+        unlink(c);
+        free(r);
+        free(c);
+    }
+}
+
 static void t_tensor_malformed(void **st)
 {
     char path[] = "/tmp/anvil-test-bad-XXXXXX", err[256];
@@ -196,7 +276,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_extract),          cmocka_unit_test(t_reward),
-        cmocka_unit_test(t_compare),          cmocka_unit_test(t_tensor_malformed),
+        cmocka_unit_test(t_compare),          cmocka_unit_test(t_compare_blocks),
+        cmocka_unit_test(t_tensor_malformed),
         cmocka_unit_test(t_result_json_proto),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
