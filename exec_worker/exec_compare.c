@@ -12,8 +12,10 @@
 #include "anv_error.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 void exec_tol_default(exec_tol_t *tol)
 {
@@ -199,27 +201,101 @@ static void s_block_any(const double *rb, const double *cb, uint64_t k, s_acc_t 
     }
 }
 
+/* Elements [j0, j1) of a leaf into a (j0 a multiple of S_BLOCK). */
+static void s_range(const exec_leaf_t *r, const exec_leaf_t *c, uint64_t j0, uint64_t j1,
+                    s_acc_t *a)
+{
+    double rb[S_BLOCK], cb[S_BLOCK];
+    for (; j0 < j1; j0 += S_BLOCK) {
+        uint64_t k = j1 - j0 < S_BLOCK ? j1 - j0 : S_BLOCK;
+        exec_leaf_read(r, j0, k, rb);
+        exec_leaf_read(c, j0, k, cb);
+        uint64_t bad = a->bad;
+        if (!s_block_finite(rb, cb, k, a))
+            s_block_any(rb, cb, k, a);
+        if (a->bad > bad && a->first_bad == UINT64_MAX) /* the first bad block: find where */
+            for (uint64_t i = 0; i < k && a->first_bad == UINT64_MAX; i++)
+                if (!s_close(cb[i], rb[i], a->atol, a->rtol))
+                    a->first_bad = j0 + i;
+    }
+}
+
+/* Large leaves are split over threads, in whole blocks, each with its own accumulator, merged
+   in order (so the first bad element is the first part's that has one). */
+enum { S_PAR_MIN = 1 << 21, S_PAR_MAX = 8 }; /* elements per thread at least; threads at most */
+
+typedef struct {
+    const exec_leaf_t *r, *c;
+    uint64_t j0, j1;
+    s_acc_t a;
+} s_part_t;
+
+static void *s_part_main(void *arg)
+{
+    s_part_t *p = arg;
+    s_range(p->r, p->c, p->j0, p->j1, &p->a);
+    return NULL;
+}
+
+static void s_merge(s_acc_t *into, const s_acc_t *a)
+{
+    into->max_abs = a->max_abs > into->max_abs ? a->max_abs : into->max_abs;
+    s_rel(into, a->rel_num, a->rel_den);
+    into->lo = a->lo > into->lo ? a->lo : into->lo;
+    into->hi = a->hi < into->hi ? a->hi : into->hi;
+    into->sum += a->sum;
+    into->finite += a->finite;
+    into->bad += a->bad;
+    if (into->first_bad == UINT64_MAX)
+        into->first_bad = a->first_bad;
+    into->rc = into->rc && a->rc;
+    into->cc = into->cc && a->cc;
+    into->zero = into->zero && a->zero;
+    into->ref_nonfinite = into->ref_nonfinite || a->ref_nonfinite;
+}
+
+static int s_threads(uint64_t n)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint64_t t = n / S_PAR_MIN;
+    if (cores > 0 && t > (uint64_t)cores)
+        t = (uint64_t)cores;
+    return t > S_PAR_MAX ? S_PAR_MAX : t < 1 ? 1 : (int)t;
+}
+
 static void s_float_leaf(const exec_leaf_t *r, const exec_leaf_t *c, const exec_tol_t *tol,
                          exec_cmp_t *out, bool *ref_const, bool *cand_const)
 {
     uint64_t n = r->numel * (uint64_t)exec_dtype_lanes(r->dtype);
-    double rb[S_BLOCK], cb[S_BLOCK];
     s_acc_t a = {.atol = tol->atol[r->dtype], .rtol = tol->rtol[r->dtype],
                  .r0 = n ? exec_leaf_get(r, 0) : 0, .c0 = n ? exec_leaf_get(c, 0) : 0,
                  .max_abs = out->max_abs, .rel_num = out->max_rel, .rel_den = 1,
                  .lo = -INFINITY, .hi = INFINITY, .first_bad = UINT64_MAX, .rc = true,
                  .cc = true, .zero = true};
-    for (uint64_t j0 = 0; j0 < n; j0 += S_BLOCK) {
-        uint64_t k = n - j0 < S_BLOCK ? n - j0 : S_BLOCK;
-        exec_leaf_read(r, j0, k, rb);
-        exec_leaf_read(c, j0, k, cb);
-        uint64_t bad = a.bad;
-        if (!s_block_finite(rb, cb, k, &a))
-            s_block_any(rb, cb, k, &a);
-        if (a.bad > bad && a.first_bad == UINT64_MAX) /* the first bad block: find where */
-            for (uint64_t i = 0; i < k && a.first_bad == UINT64_MAX; i++)
-                if (!s_close(cb[i], rb[i], a.atol, a.rtol))
-                    a.first_bad = j0 + i;
+    int nt = s_threads(n);
+    if (nt < 2) {
+        s_range(r, c, 0, n, &a);
+    } else {
+        s_part_t parts[S_PAR_MAX];
+        pthread_t th[S_PAR_MAX];
+        bool started[S_PAR_MAX] = {false};
+        uint64_t blocks = (n + S_BLOCK - 1) / S_BLOCK, per = (blocks + (uint64_t)nt - 1) / (uint64_t)nt;
+        for (int t = 0; t < nt; t++) {
+            uint64_t j0 = (uint64_t)t * per * S_BLOCK, j1 = j0 + per * S_BLOCK;
+            parts[t] = (s_part_t){r, c, j0 < n ? j0 : n, j1 < n ? j1 : n, a};
+            parts[t].a.max_abs = parts[t].a.rel_num = 0;
+            if (t > 0) /* part 0 runs on this thread */
+                started[t] = pthread_create(&th[t], NULL, s_part_main, &parts[t]) == 0;
+        }
+        s_part_main(&parts[0]);
+        for (int t = 1; t < nt; t++) {
+            if (started[t])
+                pthread_join(th[t], NULL);
+            else
+                s_part_main(&parts[t]); /* no thread to be had: here, in order */
+        }
+        for (int t = 0; t < nt; t++)
+            s_merge(&a, &parts[t].a);
     }
     double mean = a.finite ? a.sum / (double)a.finite : 0;
     out->bad += a.bad;

@@ -173,48 +173,63 @@ static s_naive_t s_naive(const float *r, const float *c, int n, double atol, dou
     return o;
 }
 
-/* Three blocks of 4096 and an odd tail: the fast path (finite blocks), the general path (a
-   block with a NaN on both sides) and the tail, with out-of-tolerance elements in each, must
-   give what the plain rule gives: count, first element, max abs and rel errors, the zero and
-   constant checks. */
-static void t_compare_blocks(void **st)
+/* One comparison of n elements with out-of-tolerance elements at bad_at (5 of them) and a
+   NaN on both sides at nan_at (< 0: none), checked against the plain rule: count, first
+   element, max abs and rel errors, the zero and constant checks. narrow: values within
+   0.001 of 1, where a constant passes. */
+static void s_compare_case(int n, const int *bad_at, int nan_at, bool narrow)
 {
-    enum { N = 3 * 4096 + 3 };
-    static float ref[N], cand[N];
+    float *ref = malloc(sizeof(float) * (size_t)n), *cand = malloc(sizeof(float) * (size_t)n);
+    assert_non_null(ref);
+    assert_non_null(cand);
     exec_tol_t tol;
     exec_tol_default(&tol);
-    for (int variant = 0; variant < 2; variant++) {
-        for (int i = 0; i < N; i++) {
-            ref[i] = variant ? 1.0f + 0.001f * (float)sin(i) /* narrow: a constant passes */
-                             : (float)(sin(i * 0.37) * (1 + i % 7));
-            cand[i] = ref[i] + 1e-4f * (float)cos(i * 1.3);
-        }
-        int bad_at[] = {5000, 4099, 9000, 12289, 12290};
-        for (int j = 0; j < 5; j++)
-            cand[bad_at[j]] += variant ? 0.5f : 3.0f;
-        if (!variant)
-            ref[6000] = cand[6000] = NAN; /* block 1 goes element by element */
-        char *r = s_file(ref, N, "0"), *c = s_file(cand, N, "0");
-        exec_cmp_t cmp;
-        assert_int_equal(exec_compare_files(r, c, &tol, &cmp), 0);
-        s_naive_t want = s_naive(ref, cand, N, 1e-2, 1e-2);
-        assert_int_equal(want.bad, 5);
-        assert_int_equal(cmp.bad, want.bad);
-        assert_false(cmp.match);
-        char at[64];
-        snprintf(at, sizeof at, "element %llu:", (unsigned long long)want.first_bad);
-        assert_non_null(strstr(cmp.reason, at));
-        assert_true(cmp.max_abs == want.max_abs);
-        assert_true(fabs(cmp.max_rel - want.max_rel) <= 1e-12 * want.max_rel);
-        assert_int_equal(cmp.zero_would_pass, want.zero);
-        assert_int_equal(cmp.const_would_pass, want.cst);
-        assert_int_equal(cmp.const_would_pass, variant == 1);
-        assert_int_equal(cmp.compared, N);
-        unlink(r);
-        unlink(c);
-        free(r);
-        free(c);
+    for (int i = 0; i < n; i++) {
+        ref[i] = narrow ? 1.0f + 0.001f * (float)sin(i) : (float)(sin(i * 0.37) * (1 + i % 7));
+        cand[i] = ref[i] + 1e-4f * (float)cos(i * 1.3);
     }
+    for (int j = 0; j < 5; j++)
+        cand[bad_at[j]] += narrow ? 0.5f : 3.0f;
+    if (nan_at >= 0)
+        ref[nan_at] = cand[nan_at] = NAN;
+    char *r = s_file(ref, n, "0"), *c = s_file(cand, n, "0");
+    exec_cmp_t cmp;
+    assert_int_equal(exec_compare_files(r, c, &tol, &cmp), 0);
+    s_naive_t want = s_naive(ref, cand, n, 1e-2, 1e-2);
+    assert_int_equal(want.bad, 5);
+    assert_int_equal(cmp.bad, want.bad);
+    assert_false(cmp.match);
+    char at[64];
+    snprintf(at, sizeof at, "element %llu:", (unsigned long long)want.first_bad);
+    assert_non_null(strstr(cmp.reason, at));
+    assert_true(cmp.max_abs == want.max_abs);
+    assert_true(fabs(cmp.max_rel - want.max_rel) <= 1e-12 * want.max_rel);
+    assert_int_equal(cmp.zero_would_pass, want.zero);
+    assert_int_equal(cmp.const_would_pass, want.cst);
+    assert_int_equal(cmp.const_would_pass, narrow);
+    assert_int_equal(cmp.compared, n);
+    unlink(r);
+    unlink(c);
+    free(r);
+    free(c);
+    free(ref);
+    free(cand);
+}
+
+/* Three blocks of 4096 and an odd tail: the fast path (finite blocks), the general path (a
+   block with a NaN on both sides) and the tail, with out-of-tolerance elements in each. Then
+   a leaf of 3 x 2^21 + 3 elements, which is split over threads on a machine with more than
+   one core: bad elements on both sides of the parts' boundaries (of 1537 blocks, two threads
+   take 769 each, three 513) and in the tail, the first one in a later part than the NaN. */
+static void t_compare_blocks(void **st)
+{
+    const int small_bad[] = {5000, 4099, 9000, 12289, 12290};
+    s_compare_case(3 * 4096 + 3, small_bad, 6000, false);
+    s_compare_case(3 * 4096 + 3, small_bad, -1, true);
+    const int big = 3 * (1 << 21) + 3;
+    const int big_bad[] = {769 * 4096 - 1, 769 * 4096, 513 * 4096 - 1, 513 * 4096, big - 1};
+    s_compare_case(big, big_bad, 100, false);
+    s_compare_case(big, big_bad, -1, true);
 }
 
 static void t_tensor_malformed(void **st)
