@@ -187,7 +187,7 @@ int cli_cmd_demo(int argc, char **argv)
     char *gpus = NULL, *model = NULL, *dataset = NULL, *bb = NULL, *gb = NULL, *eb = NULL,
          *mm = NULL, *cep = NULL, *wep = NULL;
     int64_t problems = 5, samples = 4, max_tokens = 512;
-    bool down = false, started = false;
+    bool down = false, started = false, curve = false;
     anv_cfg_opt_t opts[CLI_MAX_OPTS] = {
         {"gpus", ANV_CFG_STR, NULL, 0, -1, "as anvil up --gpus", &gpus, false},
         {"model", ANV_CFG_STR, NULL, 0, -1, "as anvil up --model", &model, false},
@@ -205,8 +205,11 @@ int cli_cmd_demo(int argc, char **argv)
         {"make-model", ANV_CFG_STR, NULL, 0, -1, "as anvil up", &mm, false},
         {"client-endpoint", ANV_CFG_STR, NULL, 0, -1, "as anvil up", &cep, false},
         {"worker-endpoint", ANV_CFG_STR, NULL, 0, -1, "as anvil up", &wep, false},
+        {"curve", ANV_CFG_BOOL, NULL, 0, -1,
+         "as anvil up --curve: CURVE keys on every socket (the demo's own commands use them)",
+         &curve, false},
     };
-    size_t n = 13;
+    size_t n = 14;
     cli_common_opts(&c, opts, &n);
     anv_cfg_rest_t rest;
     int code;
@@ -237,6 +240,8 @@ int cli_cmd_demo(int argc, char **argv)
     s_arg_opt(&a, "--make-model", mm);
     s_arg_opt(&a, "--client-endpoint", cep);
     s_arg_opt(&a, "--worker-endpoint", wep);
+    if (curve)
+        s_arg(&a, "--curve");
     if ((code = cli_proc_run(a.argv, NULL)) != 0) {
         cli_errorf(info.name, "the local cluster did not start (see above): nothing was run");
         goto out;
