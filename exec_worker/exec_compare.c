@@ -4,8 +4,9 @@
     degenerate-output checks need (would zero pass, would the reference mean pass, is each
     side constant), so each element is read once. Blocks of finite values (nearly all) go
     through a branch-free two-lane loop in GCC vector extensions; a block with a NaN or an
-    infinity goes element by element. tests/exec_worker/bench_compare prints the rate
-    against memcpy.
+    infinity goes element by element. A leaf of 4M elements or more is split over threads
+    (whole blocks, an accumulator each, merged in order). tests/exec_worker/bench_compare
+    prints the rate against memcpy.
 */
 #include "exec_compare.h"
 

@@ -521,5 +521,3 @@ fail:
     s_destroy(&be);
     return NULL;
 }
-
-
