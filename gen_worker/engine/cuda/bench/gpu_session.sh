@@ -1,7 +1,7 @@
 #!/bin/bash
 # gpu_session.sh - everything the CUDA engine needs measured on the GPU machine, in one run.
 #
-#   gpu_session.sh BUILD_DIR OUT [--dry] [--budget SECONDS]
+#   gpu_session.sh BUILD_DIR OUT [--dry] [--budget SECONDS] [--only STEP,STEP...]
 #
 # BUILD_DIR holds the prebuilt binaries (anvil-bench-engine, anvil-generate, test_cuda_ops,
 # test_cuda_model, test_cuda_graphs, eng_cuda_hfcheck; found by name anywhere below it, so a
@@ -33,12 +33,15 @@
 # The device tool brings back only a few files from $OUT: give OUT outside it and tar it,
 #   gpu_session.sh build-gpu /tmp/gpu; tar czf $OUT/gpu.tgz -C /tmp gpu
 #
+# --only runs just the named steps (the others are listed as "not run: --only"), for a session
+# that needs only a few figures; ckpt_write and load_8b run only when load_8b is named.
+#
 # --dry runs the same plan where it can without a GPU: the bench on the CPU backend at the
 # tiny shape, a small checkpoint through the fast writer and its load on the CPU, the GPU
 # binaries (which exit 77, reported as skipped); used to check this script off the GPU.
 set -u
 if [ $# -lt 2 ]; then
-    echo "usage: gpu_session.sh BUILD_DIR OUT [--dry] [--budget SECONDS]" >&2
+    echo "usage: gpu_session.sh BUILD_DIR OUT [--dry] [--budget SECONDS] [--only STEP,...]" >&2
     exit 2
 fi
 BUILD=$(cd "$1" && pwd) || exit 2
@@ -46,10 +49,12 @@ OUT=$2
 shift 2
 DRY=0
 BUDGET=530
+ONLY=
 while [ $# -gt 0 ]; do
     case "$1" in
     --dry) DRY=1; shift ;;
     --budget) BUDGET=$2; shift 2 ;;
+    --only) ONLY=",$2,"; shift 2 ;;
     *) echo "gpu_session.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -74,6 +79,10 @@ bin() { find "$BUILD" -name "$1" -type f -perm -u+x 2>/dev/null | head -1; }
 step() {
     local name=$1 limit=$2
     shift 2
+    if ! wanted "$name"; then
+        printf '%-12s rc=%-4s %5ss  %s\n' "$name" "-" 0 "not run: --only" >> "$SUMMARY"
+        return 0
+    fi
     local left=$((DEADLINE - $(date +%s) - 5))
     if [ "$left" -lt 15 ]; then
         log "$name: SKIPPED (budget spent)"
@@ -98,6 +107,8 @@ step() {
     printf '%-12s rc=%-4s %5ss  %s\n' "$name" "$rc" "$dt" "$what" >> "$SUMMARY"
     return 0
 }
+
+wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
 
 need() { # need NAME: path of a binary or a failing placeholder
     local p
@@ -142,11 +153,14 @@ if [ $DRY = 1 ]; then
 else
     CKPT_ARGS=(--shape seed-coder-8b --shard-gb 5)
 fi
-log "ckpt_write: background: $PY $TOOLS/tiny_model.py $CKPT ${CKPT_ARGS[*]}"
-( t0=$(date +%s)
-  timeout 400 "$PY" "$TOOLS/tiny_model.py" "$CKPT" "${CKPT_ARGS[@]}" > "$OUT/ckpt_write.log" 2>&1
-  echo "rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$OUT/ckpt_write.log" ) &
-CKPT_PID=$!
+CKPT_PID=
+if wanted load_8b; then
+    log "ckpt_write: background: $PY $TOOLS/tiny_model.py $CKPT ${CKPT_ARGS[*]}"
+    ( t0=$(date +%s)
+      timeout 400 "$PY" "$TOOLS/tiny_model.py" "$CKPT" "${CKPT_ARGS[@]}" > "$OUT/ckpt_write.log" 2>&1
+      echo "rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$OUT/ckpt_write.log" ) &
+    CKPT_PID=$!
+fi
 
 if [ $DRY = 1 ]; then
     BENCH_ARGS=(--backend cpu --shape tiny --threads 4 --batches 1,16 --prompt 16 --new 8
@@ -164,30 +178,34 @@ step ops_test 90 "$T_OPS"
 step model_test 90 "$T_MODEL"
 step bench 200 "$BENCH" "${BENCH_ARGS[@]}"
 
-# the 8B load: wait for the writer (it has been running since the start)
-left=$((DEADLINE - $(date +%s) - 60))
-[ $left -lt 1 ] && left=1
-for _ in $(seq 1 "$left"); do kill -0 $CKPT_PID 2>/dev/null || break; sleep 1; done
-if kill -0 $CKPT_PID 2>/dev/null; then
-    log "ckpt_write: still running, stopped"
-    kill $CKPT_PID 2>/dev/null
-fi
-wait $CKPT_PID 2>/dev/null
-log "ckpt_write: $(tail -1 "$OUT/ckpt_write.log")"
-printf '%-12s %s  %s\n' ckpt_write "$(tail -1 "$OUT/ckpt_write.log")" \
-    "$(grep -o 'bytes=[0-9]* seconds=[0-9.]* gb_s=[0-9.]*' "$OUT/ckpt_write.log")" >> "$SUMMARY"
-if [ -f "$CKPT/model.safetensors.index.json" ]; then
-    be=cuda
-    [ $DRY = 1 ] && be=cpu
-    # two loads, the second with the file pages surely cached
-    step load_8b 150 bash -c 'set -o pipefail; for i in 1 2; do
-            "$0" --model "$1" --backend "$2" --prompt "def f(x):" --max-tokens 1 \
-                --temperature 0 --kv-blocks 64 2>&1 | grep -E "weights:|error" || exit 1
-        done' "$GEN" "$CKPT" "$be"
-    grep -h "weights:" "$OUT/load_8b.log" | sed 's/^.*weights:/load_8b weights:/' >> "$SUMMARY"
+if [ -n "$CKPT_PID" ]; then
+    # the 8B load: wait for the writer (it has been running since the start)
+    left=$((DEADLINE - $(date +%s) - 60))
+    [ $left -lt 1 ] && left=1
+    for _ in $(seq 1 "$left"); do kill -0 $CKPT_PID 2>/dev/null || break; sleep 1; done
+    if kill -0 $CKPT_PID 2>/dev/null; then
+        log "ckpt_write: still running, stopped"
+        kill $CKPT_PID 2>/dev/null
+    fi
+    wait $CKPT_PID 2>/dev/null
+    log "ckpt_write: $(tail -1 "$OUT/ckpt_write.log")"
+    printf '%-12s %s  %s\n' ckpt_write "$(tail -1 "$OUT/ckpt_write.log")" \
+        "$(grep -o 'bytes=[0-9]* seconds=[0-9.]* gb_s=[0-9.]*' "$OUT/ckpt_write.log")" >> "$SUMMARY"
+    if [ -f "$CKPT/model.safetensors.index.json" ]; then
+        be=cuda
+        [ $DRY = 1 ] && be=cpu
+        # two loads, the second with the file pages surely cached
+        step load_8b 150 bash -c 'set -o pipefail; for i in 1 2; do
+                "$0" --model "$1" --backend "$2" --prompt "def f(x):" --max-tokens 1 \
+                    --temperature 0 --kv-blocks 64 2>&1 | grep -E "weights:|error" || exit 1
+            done' "$GEN" "$CKPT" "$be"
+        grep -h "weights:" "$OUT/load_8b.log" | sed 's/^.*weights:/load_8b weights:/' >> "$SUMMARY"
+    else
+        log "load_8b: no checkpoint (see ckpt_write.log)"
+        printf '%-12s rc=%-4s %5ss  %s\n' load_8b "-" 0 "not run: no checkpoint" >> "$SUMMARY"
+    fi
 else
-    log "load_8b: no checkpoint (see ckpt_write.log)"
-    printf '%-12s rc=%-4s %5ss  %s\n' load_8b "-" 0 "not run: no checkpoint" >> "$SUMMARY"
+    printf '%-12s rc=%-4s %5ss  %s\n' load_8b "-" 0 "not run: --only" >> "$SUMMARY"
 fi
 rm -rf "$CKPT"
 
@@ -208,7 +226,7 @@ if [ $DRY = 0 ]; then
 fi
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
-    step kernels 150 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
+    step kernels 240 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
 else
     log "kernels: needs ncu and the GPU, not run"
 fi
