@@ -1,7 +1,7 @@
 /*  act.cu - the SwiGLU activation, on separate gate/up arrays or one stacked gate|up row.
 
     Elementwise and memory-bound: one thread per output element in a grid-stride loop, the
-    CPU's formula g / (1 + exp(-g)) * u in fp32. The stacked form reads the output of one
+    CPU's formula g / (1 + exp(-g)) * u in fp32. Launched with PDL (see eng_cuda_internal.h). The stacked form reads the output of one
     matmul with the gate and up weights stacked, saving a GEMM launch and a pass.
 */
 #include "eng_cuda_internal.h"
@@ -10,6 +10,8 @@ static __global__ void s_swiglu_kernel(float *out /* (n, ffn) f32 */,
                                        const float *gate /* (n, ffn) f32 */,
                                        const float *up /* (n, ffn) f32 */, size_t total)
 {
+    ecu_pdl_trigger();
+    ecu_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         float g = gate[i];
@@ -21,6 +23,8 @@ static __global__ void s_swiglu_fused_kernel(float *out /* (n, ffn) f32 */,
                                              const float *gu /* (n, 2 ffn) f32 */, int ffn,
                                              size_t total)
 {
+    ecu_pdl_trigger(); /* elementwise: the down projection may start fetching its weights */
+    ecu_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / ffn, c = i % ffn;
@@ -42,8 +46,8 @@ extern "C" int ecu_swiglu(eng_backend_t *be, float *out, const float *gate, cons
     if (!out || !gate || !up || n <= 0 || ffn <= 0)
         return -EINVAL;
     size_t total = (size_t)n * ffn;
-    s_swiglu_kernel<<<s_grid(st, total), 256, 0, st->stream>>>(out, gate, up, total);
-    ECU_LAUNCHED();
+    ECU_CHECK(ecu_launch(st, s_swiglu_kernel, dim3(s_grid(st, total)), dim3(256), 0, out, gate,
+                         up, total));
     return 0;
 }
 
@@ -53,7 +57,7 @@ extern "C" int ecu_swiglu_fused(eng_backend_t *be, float *out, const float *gu, 
     if (!out || !gu || n <= 0 || ffn <= 0 || out == gu)
         return -EINVAL;
     size_t total = (size_t)n * ffn;
-    s_swiglu_fused_kernel<<<s_grid(st, total), 256, 0, st->stream>>>(out, gu, ffn, total);
-    ECU_LAUNCHED();
+    ECU_CHECK(ecu_launch(st, s_swiglu_fused_kernel, dim3(s_grid(st, total)), dim3(256), 0, out,
+                         gu, ffn, total));
     return 0;
 }

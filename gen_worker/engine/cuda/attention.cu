@@ -17,6 +17,7 @@
     layout instead: every sequence gets the same number of split tiles (those past its context
     are empty and return at once), so grid sizes and buffer sizes depend only on the batch and
     context buckets; the tiles that do run compute exactly what the ordinary plan computes.
+    The decode and combine kernels are launched with PDL (see eng_cuda_internal.h).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -338,6 +339,8 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     __shared__ float wm[ECU_ATTN_WARPS][G], wl[ECU_ATTN_WARPS][G];
     __shared__ float wo[ECU_ATTN_WARPS][G][HD];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    ecu_pdl_trigger(); /* the combine and the O projection may be launched */
+    ecu_pdl_wait();
     const int4 tl = tiles[blockIdx.x];
     if (tl.z == 0)
         return; /* an empty tile of a graph step's fixed layout (block-uniform) */
@@ -444,6 +447,8 @@ static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f
                                              const int *tok_part, const int *tok_nsplit,
                                              int n_head, int head_dim)
 {
+    ecu_pdl_trigger();
+    ecu_pdl_wait();
     int t = blockIdx.x, h = blockIdx.y;
     int base = tok_part[t], ns = tok_nsplit[t];
     float mx = -INFINITY;
@@ -511,11 +516,11 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
                                 int block_size)
 {
     dim3 grid(p->n_dec_tiles, n_kv_head);
-    s_attn_decode_kernel<HD, G, T><<<grid, ECU_ATTN_WARPS * 32, 0, st->stream>>>(
-        q, (const T *)kc, (const T *)vc, p->tiles, p->tok_part, p->seq_ctx, p->block_tables,
-        p->max_blocks, block_size, n_head, n_kv_head, 1.0f / sqrtf((float)HD),
-        (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr);
-    ECU_LAUNCHED();
+    ECU_CHECK(ecu_launch(st, s_attn_decode_kernel<HD, G, T>, grid, dim3(ECU_ATTN_WARPS * 32), 0,
+                         q, (const T *)kc, (const T *)vc, (const int4 *)p->tiles, p->tok_part,
+                         p->seq_ctx, p->block_tables, p->max_blocks, block_size, n_head,
+                         n_kv_head, 1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
+                         (float2 *)st->part_ml.ptr));
     return 0;
 }
 
@@ -580,9 +585,8 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
     if (rc)
         return rc;
     dim3 grid(p->n_tok, n_head);
-    s_attn_combine_kernel<<<grid, head_dim, 0, st->stream>>>(
-        out, (const float *)st->part_o.ptr, (const float2 *)st->part_ml.ptr, p->tok_part,
-        p->tok_nsplit, n_head, head_dim);
-    ECU_LAUNCHED();
+    ECU_CHECK(ecu_launch(st, s_attn_combine_kernel, grid, dim3(head_dim), 0, out,
+                         (const float *)st->part_o.ptr, (const float2 *)st->part_ml.ptr,
+                         (const int *)p->tok_part, (const int *)p->tok_nsplit, n_head, head_dim));
     return 0;
 }

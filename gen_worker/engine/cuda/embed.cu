@@ -3,6 +3,7 @@
     One block per output row, threads striding over the row; the embedding widens the table's
     dtype to fp32 as it reads. gather_rows may be asked to gather in place (out == x), which
     the CPU does row by row with memmove; rows are gathered through a scratch copy then.
+    gather_rows is launched with PDL (see eng_cuda_internal.h).
 */
 #include "eng_cuda_internal.h"
 
@@ -53,6 +54,8 @@ static __global__ void s_gather_kernel(float *out /* (n_rows, dim) f32 */,
                                        const float *x /* (n_tok, dim) f32 */,
                                        const int32_t *rows /* (n_rows) device */, int dim)
 {
+    ecu_pdl_trigger(); /* the lm_head GEMV after it may start fetching */
+    ecu_pdl_wait();
     size_t src = (size_t)rows[blockIdx.x] * dim, dst = (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         out[dst + i] = x[src + i];
@@ -70,14 +73,12 @@ extern "C" int ecu_gather_rows(eng_backend_t *be, float *out, const float *x, co
     int threads = dim >= 1024 ? 512 : 128;
     if (out == x) {
         ECU_TRY(ecu_buf_reserve(&st->xconv, bytes));
-        s_gather_kernel<<<n_rows, threads, 0, st->stream>>>((float *)st->xconv.ptr, x, d_rows,
-                                                            dim);
-        ECU_LAUNCHED();
+        ECU_CHECK(ecu_launch(st, s_gather_kernel, dim3(n_rows), dim3(threads), 0,
+                             (float *)st->xconv.ptr, x, d_rows, dim));
         ECU_CHECK(cudaMemcpyAsync(out, st->xconv.ptr, bytes, cudaMemcpyDeviceToDevice,
                                   st->stream));
         return 0;
     }
-    s_gather_kernel<<<n_rows, threads, 0, st->stream>>>(out, x, d_rows, dim);
-    ECU_LAUNCHED();
+    ECU_CHECK(ecu_launch(st, s_gather_kernel, dim3(n_rows), dim3(threads), 0, out, x, d_rows, dim));
     return 0;
 }

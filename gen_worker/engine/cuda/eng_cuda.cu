@@ -480,6 +480,11 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         goto fail;
     }
     st->n_sm = prop.multiProcessorCount;
+    {
+        /* programmatic dependent launch needs sm_90; ANVIL_CUDA_PDL=0 turns it off (A/B) */
+        const char *pdl = getenv("ANVIL_CUDA_PDL");
+        st->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
+    }
     if (cublasLtCreate(&st->lt) != CUBLAS_STATUS_SUCCESS) {
         ANV_ERROR("cuda backend: cannot create a cuBLASLt handle");
         goto fail;
@@ -514,8 +519,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->rope_kv_store = ecu_rope_kv_store;
     be->swiglu_fused = ecu_swiglu_fused;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s", prop.name, st->n_sm,
-             prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype));
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s", prop.name, st->n_sm,
+             prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
+             st->pdl ? "on" : "off");
     return be;
 fail:
     s_destroy(&be);

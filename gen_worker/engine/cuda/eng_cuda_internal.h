@@ -5,6 +5,13 @@
     stream makes reuse across ops safe). Host index arrays reach the device through
     ecu_idx(): the copies made by prepare() when the pointer is the prepared one, otherwise an
     asynchronous upload into a per-role scratch buffer.
+
+    Programmatic dependent launch (Hopper): the decode path's kernels are launched with
+    ecu_launch(), which on sm_90+ (unless ANVIL_CUDA_PDL=0) lets a kernel start while the one
+    before it drains. Every kernel launched that way calls ecu_pdl_wait() before it reads or
+    writes anything an earlier kernel touches (only reads of weights, which no kernel writes,
+    may come before it), so its completion implies its predecessor's and the stream's order
+    holds transitively; ecu_pdl_trigger() says when the next kernel may be launched.
 */
 #ifndef ENG_CUDA_INTERNAL_H
 #define ENG_CUDA_INTERNAL_H
@@ -57,6 +64,21 @@ extern "C" {
             return ecu_rc_;                                                                        \
     } while (0)
 
+/* Inside a kernel: wait for the kernels before it (a no-op when launched without PDL). */
+__device__ __forceinline__ void ecu_pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* Inside a kernel: the next kernel may be launched once every block has got here. */
+__device__ __forceinline__ void ecu_pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 typedef struct {
     void *ptr;
     size_t bytes;
@@ -94,6 +116,7 @@ typedef struct {
 typedef struct {
     int device;
     int n_sm;
+    int pdl;                    /* launch decode kernels with programmatic dependent launch */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;
@@ -141,6 +164,28 @@ typedef struct {
 extern unsigned long long ecu_buf_epoch;
 /* Set on the capturing thread: a reserve that would move a buffer fails (ANV_ESTATE). */
 extern __thread int ecu_buf_frozen;
+
+/* Launches kernel<<<grid, block, smem, st->stream>>>(args...), with programmatic stream
+   serialisation when st->pdl (the kernel must call ecu_pdl_wait(); see the top of this file).
+   Returns the launch's error (as cudaGetLastError would). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t ecu_launch(const ecu_state_t *st, void (*kernel)(KArgs...), dim3 grid,
+                                     dim3 block, size_t smem, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st->stream;
+    if (st->pdl) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
 
 /* Local copies of eng_dtype_size / eng_dtype_name, so this library needs only the headers
    of the engine (which links it). */

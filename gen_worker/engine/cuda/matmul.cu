@@ -3,7 +3,8 @@
     Two paths. For n <= ECU_GEMV_MAX rows (decode at small batch) a GEMV kernel streams W
     once with 16-byte loads, each warp owning one output feature and keeping one fp32 sum per
     row; x (fp32, a few KB) stays in L1/L2, so the kernel runs at the weights' memory rate and
-    computes in fp32 like the CPU. Above that, cuBLASLt: x is rounded to the weight dtype into
+    computes in fp32 like the CPU. It is launched with PDL (ecu_launch): its first weight loads
+    are issued before it waits for the kernel before it. Above that, cuBLASLt: x is rounded to the weight dtype into
     a scratch buffer and the product runs on the tensor cores with fp32 accumulation and an
     fp32 output (fp32 weights: a plain fp32 product); algorithms come from the heuristic once
     per shape and are cached. A bias, when given, is added by a small kernel.
@@ -13,81 +14,119 @@
 #define ECU_GEMV_MAX 8
 #define ECU_GEMV_WARPS 8
 
-/* 8 weights widened to fp32 from one 16-byte (bf16/f16) or two (f32) loads. */
-static __device__ __forceinline__ void s_w8(const __nv_bfloat16 *p, float *o)
+/* 8 consecutive weights as loaded: one 16-byte load (bf16/f16) or two (f32), widened to fp32
+   only when used, so a load can be issued long before its use (before the PDL wait). */
+template <typename T> struct s_raw8 {
+    uint4 a;
+};
+template <> struct s_raw8<float> {
+    float4 a, b;
+};
+template <typename T>
+static __device__ __forceinline__ void s_load8(s_raw8<T> &r, const T *p)
 {
-    uint4 u = __ldg((const uint4 *)p);
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+    r.a = __ldg((const uint4 *)p);
+}
+template <> __device__ __forceinline__ void s_load8<float>(s_raw8<float> &r, const float *p)
+{
+    r.a = __ldg((const float4 *)p), r.b = __ldg((const float4 *)p + 1);
+}
+static __device__ __forceinline__ void s_widen8(const s_raw8<__nv_bfloat16> &r, float *o)
+{
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&r.a;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float2 f = __bfloat1622float2(h[i]);
         o[2 * i] = f.x, o[2 * i + 1] = f.y;
     }
 }
-static __device__ __forceinline__ void s_w8(const __half *p, float *o)
+static __device__ __forceinline__ void s_widen8(const s_raw8<__half> &r, float *o)
 {
-    uint4 u = __ldg((const uint4 *)p);
-    const __half2 *h = (const __half2 *)&u;
+    const __half2 *h = (const __half2 *)&r.a;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float2 f = __half22float2(h[i]);
         o[2 * i] = f.x, o[2 * i + 1] = f.y;
     }
 }
-static __device__ __forceinline__ void s_w8(const float *p, float *o)
+static __device__ __forceinline__ void s_widen8(const s_raw8<float> &r, float *o)
 {
-    float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
-    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z,
-    o[7] = b.w;
+    o[0] = r.a.x, o[1] = r.a.y, o[2] = r.a.z, o[3] = r.a.w, o[4] = r.b.x, o[5] = r.b.y,
+    o[6] = r.b.z, o[7] = r.b.w;
 }
 
-/* One warp per output feature; in_dim % 8 == 0 (checked by the op). */
+/* acc[r] += the 8 weights at column k times row r of x, for the n <= N live rows */
+template <int N, typename T>
+static __device__ __forceinline__ void s_fma8(float *acc, const s_raw8<T> &raw, const float *x,
+                                              int n, int in_dim, int k)
+{
+    float wf[8];
+    s_widen8(raw, wf);
+#pragma unroll
+    for (int r = 0; r < N; r++) {
+        if (r < n) {
+            const float4 *xp = (const float4 *)(x + (size_t)r * in_dim + k);
+            float4 a = __ldg(xp), b = __ldg(xp + 1);
+            acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x +
+                      wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+        }
+    }
+}
+
+/* One warp per output feature; in_dim % 8 == 0 (checked by the op). Each lane streams its
+   row in chunks of U 16-byte loads, the next chunk's loads issued before the current one is
+   used. The first chunk is loaded before the PDL wait: weights do not depend on the kernel
+   before, so their fetch overlaps that kernel's tail; x is read only after the wait. */
 template <int N, typename T>
 static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     s_gemv_kernel(float *out /* (n, out_dim) f32 */, const float *x /* (n, in_dim) f32 */,
                   const T *w /* (out_dim, in_dim) T */, int n, int in_dim, int out_dim)
 {
+    constexpr int U = 4; /* loads per chunk per lane; a chunk spans U * 256 columns */
     const int lane = threadIdx.x & 31;
     const int o = blockIdx.x * ECU_GEMV_WARPS + (threadIdx.x >> 5);
-    if (o >= out_dim)
+    const bool live = o < out_dim;
+    const T *wr = w + (size_t)(live ? o : 0) * in_dim;
+    int k = lane * 8;
+    bool full = live && k + (U - 1) * 256 < in_dim;
+    s_raw8<T> cur[U];
+    if (full) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            s_load8(cur[u], wr + k + u * 256);
+    }
+    ecu_pdl_wait();
+    ecu_pdl_trigger();
+    if (!live)
         return;
-    const T *wr = w + (size_t)o * in_dim;
     float acc[N];
 #pragma unroll
     for (int r = 0; r < N; r++)
         acc[r] = 0.0f;
-    constexpr int U = 4; /* 16-byte weight loads in flight per lane */
-    int k = lane * 8;
-    for (; k + (U - 1) * 256 < in_dim; k += U * 256) {
-        float wf[U][8];
+    while (full) {
+        const int kn = k + U * 256;
+        const bool more = kn + (U - 1) * 256 < in_dim;
+        s_raw8<T> nxt[U];
+        if (more) {
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                s_load8(nxt[u], wr + kn + u * 256);
+        }
 #pragma unroll
         for (int u = 0; u < U; u++)
-            s_w8(wr + k + u * 256, wf[u]);
+            s_fma8<N, T>(acc, cur[u], x, n, in_dim, k + u * 256);
+        k = kn;
+        full = more;
+        if (more) {
 #pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < N; r++) {
-                if (r < n) {
-                    const float4 *xp = (const float4 *)(x + (size_t)r * in_dim + k + u * 256);
-                    float4 a = __ldg(xp), b = __ldg(xp + 1);
-                    acc[r] += wf[u][0] * a.x + wf[u][1] * a.y + wf[u][2] * a.z +
-                              wf[u][3] * a.w + wf[u][4] * b.x + wf[u][5] * b.y +
-                              wf[u][6] * b.z + wf[u][7] * b.w;
-                }
-            }
+            for (int u = 0; u < U; u++)
+                cur[u] = nxt[u];
+        }
     }
     for (; k < in_dim; k += 256) {
-        float wf[8];
-        s_w8(wr + k, wf);
-#pragma unroll
-        for (int r = 0; r < N; r++) {
-            if (r < n) {
-                const float4 *xp = (const float4 *)(x + (size_t)r * in_dim + k);
-                float4 a = __ldg(xp), b = __ldg(xp + 1);
-                acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x +
-                          wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-            }
-        }
+        s_raw8<T> raw;
+        s_load8(raw, wr + k);
+        s_fma8<N, T>(acc, raw, x, n, in_dim, k);
     }
 #pragma unroll
     for (int r = 0; r < N; r++) {
@@ -98,24 +137,23 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
 }
 
 template <typename T>
-static int s_gemv_launch(cudaStream_t stream, float *out, const float *x, const void *w, int n,
+static int s_gemv_launch(const ecu_state_t *st, float *out, const float *x, const void *w, int n,
                          int in_dim, int out_dim)
 {
-    int blocks = (out_dim + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS;
+    dim3 blocks((out_dim + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS), threads(ECU_GEMV_WARPS * 32);
     const T *wt = (const T *)w;
     if (n == 1)
-        s_gemv_kernel<1, T><<<blocks, ECU_GEMV_WARPS * 32, 0, stream>>>(out, x, wt, n, in_dim,
-                                                                         out_dim);
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<1, T>, blocks, threads, 0, out, x, wt, n, in_dim,
+                             out_dim));
     else if (n <= 2)
-        s_gemv_kernel<2, T><<<blocks, ECU_GEMV_WARPS * 32, 0, stream>>>(out, x, wt, n, in_dim,
-                                                                         out_dim);
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<2, T>, blocks, threads, 0, out, x, wt, n, in_dim,
+                             out_dim));
     else if (n <= 4)
-        s_gemv_kernel<4, T><<<blocks, ECU_GEMV_WARPS * 32, 0, stream>>>(out, x, wt, n, in_dim,
-                                                                         out_dim);
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<4, T>, blocks, threads, 0, out, x, wt, n, in_dim,
+                             out_dim));
     else
-        s_gemv_kernel<8, T><<<blocks, ECU_GEMV_WARPS * 32, 0, stream>>>(out, x, wt, n, in_dim,
-                                                                         out_dim);
-    ECU_LAUNCHED();
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<8, T>, blocks, threads, 0, out, x, wt, n, in_dim,
+                             out_dim));
     return 0;
 }
 
@@ -230,11 +268,11 @@ extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const v
     bool aligned = ((uintptr_t)x % 16 == 0) && ((uintptr_t)w % 16 == 0);
     if (n <= ECU_GEMV_MAX && aligned) {
         if (dtype == ENG_DTYPE_BF16)
-            ECU_TRY(s_gemv_launch<__nv_bfloat16>(st->stream, out, x, w, n, in_dim, out_dim));
+            ECU_TRY(s_gemv_launch<__nv_bfloat16>(st, out, x, w, n, in_dim, out_dim));
         else if (dtype == ENG_DTYPE_F16)
-            ECU_TRY(s_gemv_launch<__half>(st->stream, out, x, w, n, in_dim, out_dim));
+            ECU_TRY(s_gemv_launch<__half>(st, out, x, w, n, in_dim, out_dim));
         else
-            ECU_TRY(s_gemv_launch<float>(st->stream, out, x, w, n, in_dim, out_dim));
+            ECU_TRY(s_gemv_launch<float>(st, out, x, w, n, in_dim, out_dim));
     } else {
         const void *xw = x;
         size_t total = (size_t)n * in_dim;

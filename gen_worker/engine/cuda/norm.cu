@@ -15,6 +15,8 @@ static __global__ void s_norm_kernel(float *out /* (n, dim) f32 */,
                                      const T *w /* (dim) T */, int dim, float eps)
 {
     __shared__ float red[32];
+    ecu_pdl_trigger(); /* one small pass: let the next kernel (a GEMV) start fetching */
+    ecu_pdl_wait();
     size_t base = (size_t)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -32,27 +34,26 @@ static __global__ void s_norm_kernel(float *out /* (n, dim) f32 */,
 }
 
 template <bool ADD>
-static int s_norm_launch(cudaStream_t stream, float *out, float *x, const float *delta,
+static int s_norm_launch(const ecu_state_t *st, float *out, float *x, const float *delta,
                          const void *w, eng_dtype_t dtype, int n, int dim, float eps)
 {
-    int threads = dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64;
+    dim3 grid(n), threads(dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64);
     switch (dtype) {
     case ENG_DTYPE_F32:
-        s_norm_kernel<float, ADD><<<n, threads, 0, stream>>>(out, x, delta, (const float *)w,
-                                                             dim, eps);
+        ECU_CHECK(ecu_launch(st, s_norm_kernel<float, ADD>, grid, threads, 0, out, x, delta,
+                             (const float *)w, dim, eps));
         break;
     case ENG_DTYPE_BF16:
-        s_norm_kernel<__nv_bfloat16, ADD>
-            <<<n, threads, 0, stream>>>(out, x, delta, (const __nv_bfloat16 *)w, dim, eps);
+        ECU_CHECK(ecu_launch(st, s_norm_kernel<__nv_bfloat16, ADD>, grid, threads, 0, out, x,
+                             delta, (const __nv_bfloat16 *)w, dim, eps));
         break;
     case ENG_DTYPE_F16:
-        s_norm_kernel<__half, ADD><<<n, threads, 0, stream>>>(out, x, delta, (const __half *)w,
-                                                              dim, eps);
+        ECU_CHECK(ecu_launch(st, s_norm_kernel<__half, ADD>, grid, threads, 0, out, x, delta,
+                             (const __half *)w, dim, eps));
         break;
     default:
         return -EINVAL;
     }
-    ECU_LAUNCHED();
     return 0;
 }
 
@@ -61,7 +62,7 @@ extern "C" int ecu_rmsnorm(eng_backend_t *be, float *out, const float *x, const 
 {
     if (!out || !x || !w || n <= 0 || dim <= 0)
         return -EINVAL;
-    return s_norm_launch<false>(ecu_st(be)->stream, out, (float *)x, NULL, w, dtype, n, dim, eps);
+    return s_norm_launch<false>(ecu_st(be), out, (float *)x, NULL, w, dtype, n, dim, eps);
 }
 
 extern "C" int ecu_add_rmsnorm(eng_backend_t *be, float *out, float *residual, const float *delta,
@@ -69,5 +70,5 @@ extern "C" int ecu_add_rmsnorm(eng_backend_t *be, float *out, float *residual, c
 {
     if (!out || !residual || !delta || !w || n <= 0 || dim <= 0)
         return -EINVAL;
-    return s_norm_launch<true>(ecu_st(be)->stream, out, residual, delta, w, dtype, n, dim, eps);
+    return s_norm_launch<true>(ecu_st(be), out, residual, delta, w, dtype, n, dim, eps);
 }

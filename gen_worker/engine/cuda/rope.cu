@@ -6,7 +6,7 @@
     intrinsics: positions reach thousands of radians). The fused rope_kv_store reads one
     stacked q|k|v row per token, writes the rotated q for attention and stores rotated k and
     v straight into the paged pools in the KV dtype (bf16, f32 or fp8 e4m3), so k never makes
-    a round trip.
+    a round trip; it is launched with PDL (see eng_cuda_internal.h).
 */
 #include "eng_cuda_internal.h"
 
@@ -99,6 +99,8 @@ static __global__ void s_rope_store_kernel(float *q_out /* (n_tok, n_head, hd) f
                                            const int32_t *pos, const int32_t *slots /* device */,
                                            int n_head, int n_kv_head, int head_dim, float theta)
 {
+    ecu_pdl_trigger();
+    ecu_pdl_wait();
     int t = blockIdx.x, half = head_dim / 2, p = pos[t];
     int kv_row = n_kv_head * head_dim;
     const float *src = qkv + (size_t)t * (n_head + 2 * n_kv_head) * head_dim;
@@ -138,18 +140,17 @@ extern "C" int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *q
     ECU_TRY(ecu_idx(st, ECU_IDX_POS, pos, n_tok, &d_pos));
     ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, slots, n_tok, &d_slots));
     if (be->kv_dtype == ENG_DTYPE_BF16)
-        s_rope_store_kernel<<<n_tok, 256, 0, st->stream>>>(
-            q_out, qkv, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, d_pos, d_slots,
-            n_head, n_kv_head, head_dim, theta);
+        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_bfloat16>, dim3(n_tok), dim3(256), 0,
+                             q_out, qkv, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache,
+                             d_pos, d_slots, n_head, n_kv_head, head_dim, theta));
     else if (be->kv_dtype == ENG_DTYPE_F8E4M3)
-        s_rope_store_kernel<<<n_tok, 256, 0, st->stream>>>(
-            q_out, qkv, (__nv_fp8_e4m3 *)k_cache, (__nv_fp8_e4m3 *)v_cache, d_pos, d_slots,
-            n_head, n_kv_head, head_dim, theta);
+        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_fp8_e4m3>, dim3(n_tok), dim3(256), 0,
+                             q_out, qkv, (__nv_fp8_e4m3 *)k_cache, (__nv_fp8_e4m3 *)v_cache,
+                             d_pos, d_slots, n_head, n_kv_head, head_dim, theta));
     else
-        s_rope_store_kernel<<<n_tok, 256, 0, st->stream>>>(q_out, qkv, (float *)k_cache,
-                                                           (float *)v_cache, d_pos, d_slots,
-                                                           n_head, n_kv_head, head_dim, theta);
-    ECU_LAUNCHED();
+        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<float>, dim3(n_tok), dim3(256), 0, q_out,
+                             qkv, (float *)k_cache, (float *)v_cache, d_pos, d_slots, n_head,
+                             n_kv_head, head_dim, theta));
     return 0;
 }
 

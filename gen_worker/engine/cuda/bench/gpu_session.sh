@@ -19,6 +19,8 @@
 #   bench        anvil-bench-engine --cuda-graphs: decode at batch 1/16/64/256 (prompt 512,
 #                256 new) graphs off and on, decode_ctx batch 256 at 2k, grpo 64 x 8 with
 #                1k prompts and lengths 128..640 (scaled down from 4k to fit)
+#   bench_nopdl  the same decode batches (no decode_ctx, no grpo) with ANVIL_CUDA_PDL=0: the A/B
+#                of programmatic dependent launch in one session
 #   load_8b      anvil-generate --backend cuda on the 8B checkpoint, 1 token: the engine's
 #                "weights: ... GB/s" line (page cache warm: written just before), twice
 #   gen_graphs   generate_graphs.sh: the engine with and without --cuda-graphs
@@ -177,6 +179,12 @@ step graphs_test 90 "$T_GRAPHS"
 step ops_test 90 "$T_OPS"
 step model_test 90 "$T_MODEL"
 step bench 200 "$BENCH" "${BENCH_ARGS[@]}"
+if [ $DRY = 1 ]; then
+    step bench_nopdl 60 env ANVIL_CUDA_PDL=0 "$BENCH" "${BENCH_ARGS[@]}"
+else
+    step bench_nopdl 120 env ANVIL_CUDA_PDL=0 "$BENCH" --cuda-graphs --batches 1,16,64,256 \
+        --prompt 512 --new 256 --ctx-batch 0 --grpo-prompts 0
+fi
 
 if [ -n "$CKPT_PID" ]; then
     # the 8B load: wait for the writer (it has been running since the start)
@@ -235,6 +243,8 @@ fi
 {
     echo "== bench"
     grep -E "^(device|decode|decode_ctx|grpo|summary)" "$OUT/bench.log" 2>/dev/null
+    echo "== the same decode batches without PDL (ANVIL_CUDA_PDL=0)"
+    grep -E "^(device|decode|summary)" "$OUT/bench_nopdl.log" 2>/dev/null
     echo "== hf peer"
     grep -E "^hf_" "$OUT/hf_peer.log" 2>/dev/null
     echo "== fp8 KV: accuracy (vs HF) and speed"
