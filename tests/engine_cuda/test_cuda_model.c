@@ -212,9 +212,12 @@ int main(int argc, char **argv)
     }
     test_greedy(cpu, g32, steps);
     test_batch_teacher_forced(cpu, gbf, steps, 0.1, 95);
-    /* fp8 KV (--kv-dtype fp8): bounds set before its first GPU run, from e4m3's 2^-4
-       relative step; the figures printed are what the note reports */
-    test_batch_teacher_forced(cpu, gf8, steps, 0.5, 85);
+    /* fp8 KV (--kv-dtype fp8): e4m3 keeps 3 mantissa bits to bf16's 7, a rounding step 16x
+       bf16's, so the bound is 16x the bf16 case's measured 0.077 (~1.2), rounded down to 1.0;
+       the first bound (0.5, set before any GPU run) failed on the H200 at 0.669 (64 steps)
+       and 0.634 (4 steps) with 95 % greedy agreement. Broken fp8 KV (wrong scale, wrong
+       slots) shows as |dlogprob| of several units and agreement far below 85 %. */
+    test_batch_teacher_forced(cpu, gf8, steps, 1.0, 85);
     gf8->destroy(&gf8);
     gbf->destroy(&gbf);
     g32->destroy(&g32);

@@ -1,6 +1,7 @@
 /*  rope.cu - rotary embedding (HF rotate_half), the paged K/V write, and both fused.
 
-    One block per token. Angles follow the CPU exactly: inv_freq = 1 / powf(theta, 2i / d)
+    One block per token (the fused rope_kv_store: several, each with a share of the token's
+    heads, so one decode token is not one SM's serial loop). Angles follow the CPU exactly: inv_freq = 1 / powf(theta, 2i / d)
     (the power taken in double and rounded, as a correctly rounded powf would) and
     f = pos * inv_freq in fp32, then cosf / sinf (full-precision, not the fast
     intrinsics: positions reach thousands of radians). The fused rope_kv_store reads one
@@ -92,6 +93,9 @@ extern "C" int ecu_kv_store(eng_backend_t *be, void *k_cache, void *v_cache, con
     return 0;
 }
 
+/* grid (n_tok, parts): part y rotates its share of the token's (q and k head, pair) items
+   and copies its share of v, one item per thread, so a decode token's angles (a double pow,
+   cosf and sinf each) are spread over many SMs instead of one block's loop */
 template <typename T>
 static __global__ void s_rope_store_kernel(float *q_out /* (n_tok, n_head, hd) f32 */,
                                            const float *qkv /* (n_tok, (nh + 2 nkv) hd) f32 */,
@@ -106,7 +110,9 @@ static __global__ void s_rope_store_kernel(float *q_out /* (n_tok, n_head, hd) f
     const float *src = qkv + (size_t)t * (n_head + 2 * n_kv_head) * head_dim;
     size_t slot = (size_t)slots[t] * kv_row;
     int n_pairs = (n_head + n_kv_head) * half;
-    for (int idx = threadIdx.x; idx < n_pairs; idx += blockDim.x) {
+    int per = (n_pairs + gridDim.y - 1) / gridDim.y, lo = blockIdx.y * per;
+    int hi = lo + per < n_pairs ? lo + per : n_pairs;
+    for (int idx = lo + threadIdx.x; idx < hi; idx += blockDim.x) {
         int h = idx / half, i = idx % half;
         const float *x = src + (size_t)h * head_dim; /* q heads then k heads */
         float c, s;
@@ -124,9 +130,13 @@ static __global__ void s_rope_store_kernel(float *q_out /* (n_tok, n_head, hd) f
         }
     }
     const float *v = src + (size_t)(n_head + n_kv_head) * head_dim;
-    for (int i = threadIdx.x; i < kv_row; i += blockDim.x)
+    int vper = (kv_row + gridDim.y - 1) / gridDim.y, vlo = blockIdx.y * vper;
+    int vhi = vlo + vper < kv_row ? vlo + vper : kv_row;
+    for (int i = vlo + threadIdx.x; i < vhi; i += blockDim.x)
         v_cache[slot + i] = ecu_from_f32<T>(v[i]);
 }
+
+#define ECU_ROPE_THREADS 128
 
 extern "C" int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *qkv, void *k_cache,
                                  void *v_cache, const int32_t *pos, const int32_t *slots,
@@ -139,16 +149,18 @@ extern "C" int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *q
         return -EINVAL;
     ECU_TRY(ecu_idx(st, ECU_IDX_POS, pos, n_tok, &d_pos));
     ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, slots, n_tok, &d_slots));
+    int n_pairs = (n_head + n_kv_head) * (head_dim / 2);
+    dim3 grid(n_tok, (n_pairs + ECU_ROPE_THREADS - 1) / ECU_ROPE_THREADS), block(ECU_ROPE_THREADS);
     if (be->kv_dtype == ENG_DTYPE_BF16)
-        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_bfloat16>, dim3(n_tok), dim3(256), 0,
+        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_bfloat16>, grid, block, 0,
                              q_out, qkv, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache,
                              d_pos, d_slots, n_head, n_kv_head, head_dim, theta));
     else if (be->kv_dtype == ENG_DTYPE_F8E4M3)
-        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_fp8_e4m3>, dim3(n_tok), dim3(256), 0,
+        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_fp8_e4m3>, grid, block, 0,
                              q_out, qkv, (__nv_fp8_e4m3 *)k_cache, (__nv_fp8_e4m3 *)v_cache,
                              d_pos, d_slots, n_head, n_kv_head, head_dim, theta));
     else
-        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<float>, dim3(n_tok), dim3(256), 0, q_out,
+        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<float>, grid, block, 0, q_out,
                              qkv, (float *)k_cache, (float *)v_cache, d_pos, d_slots, n_head,
                              n_kv_head, head_dim, theta));
     return 0;

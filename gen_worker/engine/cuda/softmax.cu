@@ -5,7 +5,9 @@
     logprob (of the model's own distribution); truncation works on an order-preserving integer
     key of each logit, so top-k and top-p thresholds are found by a 4-pass radix select (8
     bits a pass, counts for top-k, fixed-point masses for top-p: integer sums, so the
-    threshold is the same whatever the thread schedule), min-p is a plain logit threshold, and
+    threshold is the same whatever the thread schedule; a warp's lanes that fall in one bin,
+    most of them since similar logits share their high bytes, add with one shared atomic,
+    found by __match_any_sync), min-p is a plain logit threshold, and
     the draw is a Gumbel-max over the survivors with one counter-based uniform per (seed,
     step, token). A row's result depends only on its logits and its own parameters, and it
     is the host sampler's (eng_sampler.c) draw: the two share eng_sample_hash.h.
@@ -120,10 +122,20 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
                 for (int i = threadIdx.x; i < 256; i += blockDim.x)
                     hist[i] = 0;
                 __syncthreads();
-                for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-                    uint32_t k = s_key(l[i]);
-                    if ((k & mask) == prefix)
-                        atomicAdd(&hist[(k >> shift) & 255], 1u);
+                /* whole warps per step, so that the lanes that fall in one bin (most of
+                   them: similar logits share their high bytes) add their count with one
+                   atomic instead of contending for the bin */
+                for (int b0 = threadIdx.x & ~31; b0 < vocab; b0 += blockDim.x) {
+                    int i = b0 + (threadIdx.x & 31);
+                    uint32_t bin = 256; /* no bin */
+                    if (i < vocab) {
+                        uint32_t k = s_key(l[i]);
+                        if ((k & mask) == prefix)
+                            bin = (k >> shift) & 255;
+                    }
+                    unsigned peers = __match_any_sync(0xffffffffu, bin);
+                    if (bin < 256 && (threadIdx.x & 31) == __ffs(peers) - 1)
+                        atomicAdd(&hist[bin], (uint32_t)__popc(peers));
                 }
                 __syncthreads();
                 if (threadIdx.x == 0) {
@@ -169,10 +181,27 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
                 for (int i = threadIdx.x; i < 256; i += blockDim.x)
                     hmass[i] = 0;
                 __syncthreads();
-                for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-                    uint32_t k = s_key(l[i]);
-                    if (k >= thr && (k & mask) == prefix)
-                        atomicAdd(&hmass[(k >> shift) & 255], eng_sample_mass((l[i] - mx) * inv_t));
+                /* as the top-k count: one atomic per bin and warp (integer sums: exact in
+                   any order) */
+                for (int b0 = threadIdx.x & ~31; b0 < vocab; b0 += blockDim.x) {
+                    int i = b0 + (threadIdx.x & 31);
+                    uint32_t bin = 256;
+                    unsigned long long m = 0;
+                    if (i < vocab) {
+                        uint32_t k = s_key(l[i]);
+                        if (k >= thr && (k & mask) == prefix) {
+                            bin = (k >> shift) & 255;
+                            m = eng_sample_mass((l[i] - mx) * inv_t);
+                        }
+                    }
+                    unsigned peers = __match_any_sync(0xffffffffu, bin);
+                    if (bin < 256) {
+                        unsigned long long sum = 0;
+                        for (unsigned mk = peers; mk; mk &= mk - 1)
+                            sum += __shfl_sync(peers, m, __ffs(mk) - 1);
+                        if ((threadIdx.x & 31) == __ffs(peers) - 1)
+                            atomicAdd(&hmass[bin], sum);
+                    }
                 }
                 __syncthreads();
                 if (threadIdx.x == 0) {

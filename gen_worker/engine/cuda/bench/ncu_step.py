@@ -121,7 +121,11 @@ def main():
     plain = subprocess.run(args, capture_output=True, text=True, timeout=300)
     m = re.search(r"decode batch=%d\s.*?ms_step=([\d.]+)" % a.batch, plain.stdout)
     ms_step = float(m.group(1)) if m else None
-    p = subprocess.run([a.ncu, "--csv", "--metrics", METRICS] + args, capture_output=True,
+    # the GPU's own clocks (ncu locks them to base by default, which makes the small,
+    # latency-bound kernels read far slower than they run); caches are still flushed before
+    # each kernel, as a decode step's next layer finds its weights out of L2 anyway
+    p = subprocess.run([a.ncu, "--csv", "--clock-control", "none", "--metrics", METRICS] + args,
+                       capture_output=True,
                        text=True, timeout=900)
     with open(os.path.join(a.out, "ncu_batch%d.csv" % a.batch), "w") as f:
         f.write(p.stdout)
