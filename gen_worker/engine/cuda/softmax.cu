@@ -81,6 +81,31 @@ static __device__ int s_block_argmax(float v, int idx, float *redv, int *redi)
     return idx;
 }
 
+/* Calls f(i, l[i], valid) over the row in block-uniform steps of ECU_SM_UNROLL * blockDim.x:
+   a thread issues all ECU_SM_UNROLL loads of a step before it uses the first (one block reads
+   the whole row a dozen times, so the passes are bound by load latency, not bandwidth), and
+   visits its indices in increasing order (a strict > keeps the lowest index on ties). Every
+   lane of a warp runs the same iterations, valid false past the end, so f may use warp
+   intrinsics. */
+#define ECU_SM_UNROLL 8
+template <typename F>
+static __device__ __forceinline__ void s_scan(const float *l, int vocab, F f)
+{
+    for (int b = 0; b < vocab; b += ECU_SM_UNROLL * blockDim.x) {
+        float v[ECU_SM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ECU_SM_UNROLL; u++) {
+            int i = b + u * blockDim.x + threadIdx.x;
+            v[u] = i < vocab ? __ldg(l + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ECU_SM_UNROLL; u++) {
+            int i = b + u * blockDim.x + threadIdx.x;
+            f(i, v[u], i < vocab);
+        }
+    }
+}
+
 static __global__ void __launch_bounds__(ECU_SM_THREADS)
     s_sample_kernel(const float *logits /* (n, vocab) f32 */, int vocab,
                     const eng_sample_params_t *params /* (n) device */,
@@ -97,16 +122,19 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
 
     float mx = -INFINITY;
     int am = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        if (l[i] > mx)
-            mx = l[i], am = i;
+    s_scan(l, vocab, [&](int i, float v, bool ok) {
+        if (ok && v > mx)
+            mx = v, am = i;
+    });
     am = s_block_argmax(mx, am, redv, redi);
     if (am < 0 || am >= vocab)
         am = 0; /* a row without a finite maximum (all NaN / -inf) */
     mx = l[am];
     float sum = 0.0f;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        sum += expf(l[i] - mx);
+    s_scan(l, vocab, [&](int, float v, bool ok) {
+        if (ok)
+            sum += expf(v - mx);
+    });
     sum = ecu_block_sum(sum, redv);
     const float lse = mx + logf(sum);
     int tok = am;
@@ -125,18 +153,17 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
                 /* whole warps per step, so that the lanes that fall in one bin (most of
                    them: similar logits share their high bytes) add their count with one
                    atomic instead of contending for the bin */
-                for (int b0 = threadIdx.x & ~31; b0 < vocab; b0 += blockDim.x) {
-                    int i = b0 + (threadIdx.x & 31);
+                s_scan(l, vocab, [&](int, float v, bool ok) {
                     uint32_t bin = 256; /* no bin */
-                    if (i < vocab) {
-                        uint32_t k = s_key(l[i]);
+                    if (ok) {
+                        uint32_t k = s_key(v);
                         if ((k & mask) == prefix)
                             bin = (k >> shift) & 255;
                     }
                     unsigned peers = __match_any_sync(0xffffffffu, bin);
                     if (bin < 256 && (threadIdx.x & 31) == __ffs(peers) - 1)
                         atomicAdd(&hist[bin], (uint32_t)__popc(peers));
-                }
+                });
                 __syncthreads();
                 if (threadIdx.x == 0) {
                     unsigned long long cum = 0, rem = sh_rem;
@@ -158,9 +185,10 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
         if (p.top_p > 0.0f && p.top_p < 1.0f) {
             /* fixed-point masses exp((l - max) / T) * 2^32 of the top-k survivors */
             unsigned long long tot = 0;
-            for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-                if (s_key(l[i]) >= thr)
-                    tot += eng_sample_mass((l[i] - mx) * inv_t);
+            s_scan(l, vocab, [&](int, float v, bool ok) {
+                if (ok && s_key(v) >= thr)
+                    tot += eng_sample_mass((v - mx) * inv_t);
+            });
             /* block sum of integers via two float-free warp passes */
             for (int o = 16; o > 0; o >>= 1)
                 tot += __shfl_xor_sync(0xffffffffu, tot, o);
@@ -183,15 +211,14 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
                 __syncthreads();
                 /* as the top-k count: one atomic per bin and warp (integer sums: exact in
                    any order) */
-                for (int b0 = threadIdx.x & ~31; b0 < vocab; b0 += blockDim.x) {
-                    int i = b0 + (threadIdx.x & 31);
+                s_scan(l, vocab, [&](int, float v, bool ok) {
                     uint32_t bin = 256;
                     unsigned long long m = 0;
-                    if (i < vocab) {
-                        uint32_t k = s_key(l[i]);
+                    if (ok) {
+                        uint32_t k = s_key(v);
                         if (k >= thr && (k & mask) == prefix) {
                             bin = (k >> shift) & 255;
-                            m = eng_sample_mass((l[i] - mx) * inv_t);
+                            m = eng_sample_mass((v - mx) * inv_t);
                         }
                     }
                     unsigned peers = __match_any_sync(0xffffffffu, bin);
@@ -202,7 +229,7 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
                         if ((threadIdx.x & 31) == __ffs(peers) - 1)
                             atomicAdd(&hmass[bin], sum);
                     }
-                }
+                });
                 __syncthreads();
                 if (threadIdx.x == 0) {
                     unsigned long long cum = 0, rem = sh_rem;
@@ -232,13 +259,13 @@ static __global__ void __launch_bounds__(ECU_SM_THREADS)
         const uint64_t base = eng_sample_base(p.seed, p.step);
         float best = -INFINITY;
         int bi = 0x7fffffff;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            if (s_key(l[i]) < thr)
-                continue;
-            float g = (l[i] - mx) * inv_t + eng_sample_gumbel(base, i);
+        s_scan(l, vocab, [&](int i, float v, bool ok) {
+            if (!ok || s_key(v) < thr)
+                return;
+            float g = (v - mx) * inv_t + eng_sample_gumbel(base, i);
             if (g > best)
                 best = g, bi = i;
-        }
+        });
         tok = s_block_argmax(best, bi, redv, redi);
     }
     if (threadIdx.x == 0)
