@@ -367,7 +367,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         off = ((size_t)table[key / block_size] * block_size + key % block_size) * kv_row +
               (size_t)kvh * HD;
         const T *kr = k_cache + off;
-#pragma unroll 4
+        /* the whole row's loads in flight at once: at batch 1 a block's time is its chain of
+           dependent memory round trips, not bandwidth */
+#pragma unroll
         for (int d = 0; d < HD; d += 8) {
             float kf[8];
             s_ld8(kr + d, kf);
@@ -396,7 +398,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         for (int e = 0; e < PER; e++)
             o[g][e] = 0.0f;
     const int nvalid = max(0, min(32, key_end - wbase));
-#pragma unroll 4
+#pragma unroll 8
     for (int j = 0; j < nvalid; j++) {
         size_t oj = __shfl_sync(0xffffffffu, off, j);
         float vf[PER];
