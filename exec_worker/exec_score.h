@@ -15,9 +15,10 @@
     timers, constant outputs where a constant would pass are caught here. Then timing: batches
     of fresh-input iterations, reference and candidate alternating (order swapped every
     round), L2 flushed, device synchronised, events and host clock both recorded, the worker's
-    own clock around every batch, one output per batch checked, adaptive stop on the relative
-    standard error of both means; then one more secret trial checked after timing, and on
-    CUDA the profiler's share of GPU time in the candidate's kernels. The scorer is
+    own clock around every batch, the output of one secretly chosen iteration per batch kept
+    and written by a separate dump command (outside that clock) and checked, adaptive stop on
+    the relative standard error of both means; then one more secret trial checked after
+    timing, and on CUDA the profiler's share of GPU time in the candidate's kernels. The scorer is
     single-threaded: one timed evaluation per GPU at a time.
 */
 #ifndef EXEC_SCORE_H

@@ -11,7 +11,8 @@ says {"event": "ready"} on the reply pipe. CUDA is not touched until a command n
   load    {kind, task, device, init_seed, globals, code?}  (code given = candidate)
                                              -> {load_ms} | {error, tb, phase: compile}
   trials  {seeds, modes, dump}               -> {launches, mutated, first_ms, ms}
-  time    {seeds, warmup, flush_l2, dump_at, dump} -> {host_ms, dev_ms}
+  time    {seeds, warmup, flush_l2, dump_at}    -> {host_ms, dev_ms}
+  dump    {path}                             -> {leaves} | error when nothing is kept
   profile {seed}                             -> {gpu_share, kernels}
   env     {}                                 -> {gpu, driver, torch, triton, clocks}
 
@@ -20,6 +21,12 @@ the process keeps serving unless the C worker kills it. Outputs are written with
 the paths the command names (under /io); the C worker compares them. Nothing in a reply
 decides correctness: launch counts, mutation and tamper reports are evidence the C worker
 combines with its own comparison and its own clock.
+
+`time`: the output of iteration dump_at is
+kept as a private copy (flattened, tensors cloned: a candidate that reuses one output buffer
+across calls still has that call's values compared) and written only by the next `dump`, which
+then poisons and frees it; the file write stays out of the time command, which the C worker
+clocks.
 """
 import json
 import os
@@ -106,6 +113,7 @@ class State:
     device = "cpu"
     flush = None
     inbuf = None  # the input tensors every trial and timed call writes its values into
+    kept = None  # [(key, leaf)]: the output `time` kept for the next `dump`, tensors cloned
 
 
 S = State()
@@ -147,7 +155,11 @@ def _sync():
 def _poison(out):
     """Overwrites floating outputs with NaN before they are freed, so memory reused by a later
     allocation (torch.empty returning last trial's block) cannot pass for a result."""
-    for _, leaf in tensorio.flatten(out):
+    _poison_leaves(tensorio.flatten(out))
+
+
+def _poison_leaves(leaves):
+    for _, leaf in leaves:
         if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.numel():
             try:
                 _fill(leaf.detach(), float("nan"))
@@ -192,6 +204,7 @@ def cmd_load(msg):
     S.inbuf = None
     S.runner = tasks.make_runner(msg["kind"], msg["task"], S.device, msg.get("init_seed", 0),
                                  msg.get("globals"), code, cand_file)
+    S.kept = None
     if S.device.startswith("cuda") and S.flush is None:
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
         S.flush = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device=S.device)
@@ -233,9 +246,16 @@ def cmd_trials(msg):
             "kernels": sorted(_launch["names"])}
 
 
+def _keep(out):
+    """A private copy of one call's output for `dump`: flattened, every tensor cloned."""
+    return [(k, _clone(v.detach()) if isinstance(v, torch.Tensor) else v)
+            for k, v in tensorio.flatten(out)]
+
+
 def cmd_time(msg):
     host, dev = [], []
     cuda = S.device.startswith("cuda")
+    S.kept = None
     for _ in range(msg.get("warmup", 0)):
         out = S.runner.call(_same_buffers(S.runner.make_inputs(msg["seeds"][0])))
         _sync()
@@ -261,9 +281,23 @@ def cmd_time(msg):
             h1 = _perf_ns()
         host.append((h1 - h0) / 1e6)
         if i == dump_at:
-            tensorio.write(msg["dump"], out)
+            S.kept = _keep(out)
         del out, inputs
     return {"host_ms": host, "dev_ms": dev if cuda else None}
+
+
+def cmd_dump(msg):
+    """Writes the output the last `time` kept to msg["path"], then poisons and frees it: one
+    dump per time command; with nothing kept (no time before, dump_at outside the batch, or
+    already dumped) an error, and the process keeps serving."""
+    kept, S.kept = S.kept, None
+    if kept is None:
+        raise RuntimeError("dump: no output kept (a time command with dump_at comes first)")
+    try:
+        n = tensorio.write_leaves(msg["path"], kept)
+    finally:
+        _poison_leaves(kept)
+    return {"leaves": n}
 
 
 def cmd_profile(msg):
@@ -309,8 +343,8 @@ def cmd_env(msg):
 
 
 COMMANDS = {"static": cmd_static, "load": cmd_load, "trials": cmd_trials, "time": cmd_time,
-            "profile": cmd_profile, "env": cmd_env}
-PHASE = {"load": "compile", "trials": "run", "time": "run", "profile": "run"}
+            "dump": cmd_dump, "profile": cmd_profile, "env": cmd_env}
+PHASE = {"load": "compile", "trials": "run", "time": "run", "dump": "run", "profile": "run"}
 
 
 def _reply(fd, obj):
