@@ -3,7 +3,8 @@ its two pipes, without the C worker or a sandbox: the protocol's edges that the 
 produces itself but a candidate's process could be left in (a dump with nothing kept).
 
 The process is started as the worker starts it (python -m anvil_harness CMD_FD REPLY_FD), with
-the reference role (no candidate code), on the CPU.
+the reference role (no candidate code), on the CPU; the spin test needs a CUDA GPU and skips,
+saying so, without one.
 """
 import json
 import os
@@ -127,3 +128,26 @@ def test_dump_is_the_chosen_call_and_survives_buffer_reuse(harness, tmp_path):
                   dump=[str(tmp_path / "s21.anvt"), str(tmp_path / "s23.anvt")])["ok"]
     assert (tmp_path / "t.anvt").read_bytes() == (tmp_path / "s21.anvt").read_bytes()
     assert (tmp_path / "t.anvt").read_bytes() != (tmp_path / "s23.anvt").read_bytes()
+
+
+def test_spin_is_host_time_not_event_time(harness):
+    """On CUDA the spin before the start event shows in host_ms and not in dev_ms: with a
+    2 ms spin the host mean grows by about 2 ms while the events still bracket only the call
+    (far below the host time); the spin rate measured at load is in env's clocks, and using
+    the spin is no tampering."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: the spin exists only on the CUDA path")
+    h = harness
+    assert h.call("load", kind="kernelbench", task=RELU.read_text(), device="cuda", init_seed=1,
+                  globals={"batch_size": 64, "dim": 4096})["ok"]
+    clocks = h.call("env", device="cuda")["clocks"]
+    rate = float(clocks.split("spin_cycles_per_us=")[1].split()[0])
+    assert rate > 0, clocks
+    seeds = list(range(30, 50))
+    mean = lambda v: sum(v) / len(v)
+    plain = h.call("time", seeds=seeds, warmup=3, flush_l2=True, dump_at=0, spin_us=0)
+    spun = h.call("time", seeds=seeds, warmup=0, flush_l2=True, dump_at=0, spin_us=2000)
+    assert plain["ok"] and spun["ok"] and not spun["tampered"], spun
+    assert mean(spun["host_ms"]) >= mean(plain["host_ms"]) + 1.5, (plain, spun)
+    assert mean(spun["dev_ms"]) <= mean(spun["host_ms"]) - 1.5, spun

@@ -242,6 +242,18 @@ def test_output_wrong_only_in_timed_calls(tmp_path):
     assert "output during timing differs" in r["error"], r["error"]
 
 
+def test_spin_option(tmp_path):
+    """--spin-us is the worker's option for the GPU spin before each timed call (0 turns it
+    off; on the CPU it changes nothing) and is bounded."""
+    _need()
+    good = (CAND / "good_relu.py").read_text()
+    p = _once(tmp_path, good, "--spin-us", "0")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout)["status"] == "correct"
+    bad = _once(tmp_path, good, "--spin-us", "100001")
+    assert bad.returncode == 2 and "spin-us" in bad.stderr, bad.stderr[-2000:]
+
+
 def test_stale_work_dirs_are_cleared(tmp_path):
     """What a killed worker leaves in /dev/shm (its anvil-exec-<pid> directory with sandbox
     directories in it) is removed by the next worker, so a later worker that gets the same pid
