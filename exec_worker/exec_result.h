@@ -27,18 +27,22 @@ typedef enum {
     EXEC_ST_CORRECT = ANVIL__EXEC_STATUS__EXEC_CORRECT,
 } exec_status_t;
 
-/* Where an evaluation's wall time went, in order (exec_result_json writes them as
-   timing.phases): the per-candidate overhead beyond the timed work is read from these. */
+/* Where an evaluation's wall time went (exec_result_json writes them as timing.phases): the
+   per-candidate overhead beyond the timed work is read from these. The phases follow each
+   other in order, except the two timing_* entries, which are parts of timing (set only when
+   timing completed). */
 typedef enum {
-    EXEC_PH_REF_START,   /* starting the reference interpreter (0 when it is warm) */
-    EXEC_PH_STATIC,      /* static checks in the reference interpreter */
-    EXEC_PH_REF,         /* reference load and its trials + 1 outputs */
-    EXEC_PH_CAND_LOAD,   /* waiting for a warm interpreter and loading the candidate */
-    EXEC_PH_CAND_TRIALS, /* the candidate's correctness trials (first call compiles) */
-    EXEC_PH_COMPARE,     /* comparing the trial outputs */
-    EXEC_PH_TIMING,      /* interleaved timing rounds, their output checks included */
-    EXEC_PH_CHECK,       /* the check after timing */
-    EXEC_PH_PROFILE,     /* GPU-time share from the profiler */
+    EXEC_PH_REF_START,      /* starting the reference interpreter (0 when it is warm) */
+    EXEC_PH_STATIC,         /* static checks in the reference interpreter */
+    EXEC_PH_REF,            /* reference load and its trials + 1 outputs */
+    EXEC_PH_CAND_LOAD,      /* waiting for a warm interpreter and loading the candidate */
+    EXEC_PH_CAND_TRIALS,    /* the candidate's correctness trials (first call compiles) */
+    EXEC_PH_COMPARE,        /* comparing the trial outputs */
+    EXEC_PH_TIMING,         /* interleaved timing rounds, their output checks included */
+    EXEC_PH_TIMING_DUMP,    /* of timing: the rounds' dump commands, both sides */
+    EXEC_PH_TIMING_COMPARE, /* of timing: comparing the rounds' two dumps */
+    EXEC_PH_CHECK,          /* the check after timing */
+    EXEC_PH_PROFILE,        /* GPU-time share from the profiler */
     EXEC_PH_N
 } exec_phase_t;
 

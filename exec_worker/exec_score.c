@@ -4,7 +4,10 @@
     timeout, a death or a harness-side exception into the candidate's status; the reference
     process failing is the only path that returns an error to the caller. Secrets (seeds) come
     from getrandom() per evaluation and are never reused. The candidate's process is killed
-    at the end of every evaluation whatever happened.
+    at the end of every evaluation whatever happened. A timing round is one `time` command per
+    side (the worker's clock around each is the external check on the time the side reports),
+    then one `dump` per side, which writes the output that side kept from a secretly chosen
+    iteration, outside that clock; then the worker compares the two files.
 */
 #define _GNU_SOURCE
 #include "exec_score.h"
@@ -49,6 +52,7 @@ void exec_spec_default(exec_spec_t *s)
     s->batch = 10;
     s->target_rel_err = 0.01;
     s->flush_l2 = true;
+    s->spin_us = 100;
     s->reward_formula = EXEC_REWARD_DEFAULT;
     s->speedup_cap = 3.0;
     s->compile_timeout_s = 120;
@@ -340,18 +344,32 @@ static const double *s_series_times(const s_series_t *s)
     return s->has_dev ? s->dev : s->host;
 }
 
-/* One batch on one side; the side's output of iteration dump_at goes to file `dump`. */
-static cJSON *s_time_cmd(const double *seeds, int k, int warmup, bool flush, int dump_at,
-                         const char *dump)
+/* One batch on one side; the side keeps its output of iteration dump_at for the next dump. */
+static cJSON *s_time_cmd(const double *seeds, int k, int warmup, const exec_spec_t *spec,
+                         int dump_at)
 {
     cJSON *c = s_cmd("time"), *s = cJSON_AddArrayToObject(c, "seeds");
     for (int i = 0; i < k; i++)
         cJSON_AddItemToArray(s, cJSON_CreateNumber(seeds[i]));
     cJSON_AddNumberToObject(c, "warmup", warmup);
-    cJSON_AddBoolToObject(c, "flush_l2", flush);
+    cJSON_AddBoolToObject(c, "flush_l2", spec->flush_l2);
     cJSON_AddNumberToObject(c, "dump_at", dump_at);
-    cJSON_AddStringToObject(c, "dump", dump);
+    cJSON_AddNumberToObject(c, "spin_us", spec->spin_us > 0 ? spec->spin_us : 0);
     return c;
+}
+
+static cJSON *s_dump_cmd(const char *path)
+{
+    cJSON *c = s_cmd("dump");
+    cJSON_AddStringToObject(c, "path", path);
+    return c;
+}
+
+/* Whole seconds left before deadline (ms), at least 1. */
+static int s_left_s(uint64_t deadline)
+{
+    uint64_t now = anv_now_ms();
+    return now + 1000 < deadline ? (int)((deadline - now) / 1000) : 1;
 }
 
 static void s_series_add(s_series_t *s, const cJSON *rep, double wall, int round)
@@ -376,10 +394,29 @@ static void s_series_add(s_series_t *s, const cJSON *rep, double wall, int round
     }
 }
 
+/* The round's two dumps (reference first) into rdump / cdump (paths inside the sandboxes). */
+static s_outcome_t s_dumps(exec_scorer_t *self, exec_proc_t *cand, const char *rdump,
+                           const char *cdump, uint64_t deadline, exec_result_t *out, int *err)
+{
+    cJSON *rep = NULL;
+    int rc = s_ref_call(self, s_dump_cmd(rdump), s_left_s(deadline), out, &rep);
+    cJSON_Delete(rep);
+    rep = NULL;
+    if (rc != 0) {
+        *err = rc;
+        return S_FAILED;
+    }
+    if (s_cand_call(cand, s_dump_cmd(cdump), s_left_s(deadline), "run", out, &rep) != S_OK)
+        return S_FAILED;
+    cJSON_Delete(rep);
+    return S_OK;
+}
+
 static s_outcome_t s_timing(exec_scorer_t *self, exec_proc_t *cand, const exec_spec_t *spec,
                             const exec_tol_t *tol, exec_result_t *out, uint64_t deadline,
                             int *err)
 {
+    double dump_ms = 0, cmp_ms = 0; /* parts of the phase, for timing.phases */
     static s_series_t ref_s, cand_s; /* large; the scorer is single-threaded */
     memset(&ref_s, 0, sizeof ref_s);
     memset(&cand_s, 0, sizeof cand_s);
@@ -406,27 +443,37 @@ static s_outcome_t s_timing(exec_scorer_t *self, exec_proc_t *cand, const exec_s
             int warm = round == 0 ? spec->warmup : 0;
             cJSON *rep = NULL;
             uint64_t t0 = anv_now_ns();
-            int left = (int)((deadline - anv_now_ms()) / 1000);
-            if (left < 1)
-                left = 1;
+            int left = s_left_s(deadline);
             if (ref_turn) {
-                int rc = s_ref_call(self, s_time_cmd(seeds, k, warm, spec->flush_l2, dump_at, rdump),
-                                    left, out, &rep);
+                int rc = s_ref_call(self, s_time_cmd(seeds, k, warm, spec, dump_at), left, out,
+                                    &rep);
                 if (rc != 0) {
                     *err = rc;
                     return S_FAILED;
                 }
                 s_series_add(&ref_s, rep, (double)(anv_now_ns() - t0) / 1e6, round);
             } else {
-                if (s_cand_call(cand, s_time_cmd(seeds, k, warm, spec->flush_l2, dump_at, cdump),
-                                left, "run", out, &rep) != S_OK)
+                if (s_cand_call(cand, s_time_cmd(seeds, k, warm, spec, dump_at), left, "run", out,
+                                &rep) != S_OK)
                     return S_FAILED;
                 s_series_add(&cand_s, rep, (double)(anv_now_ns() - t0) / 1e6, round);
             }
             cJSON_Delete(rep);
         }
+        /* both batches first, back to back; then the files, which the batches' clock does not
+           see (a 256 MiB write varies with the page cache and read as candidate work) */
+        uint64_t t_dump = anv_now_ns();
+        s_outcome_t dumped = s_dumps(self, cand, rdump, cdump, deadline, out, err);
+        uint64_t t_cmp = anv_now_ns();
+        dump_ms += (double)(t_cmp - t_dump) / 1e6;
+        if (dumped != S_OK) {
+            unlink(rhost);
+            unlink(chost);
+            return S_FAILED;
+        }
         exec_cmp_t cmp;
         int rc = exec_compare_files(rhost, chost, tol, &cmp);
+        cmp_ms += (double)(anv_now_ns() - t_cmp) / 1e6;
         unlink(rhost);
         unlink(chost);
         if (rc != 0) {
@@ -457,7 +504,11 @@ static s_outcome_t s_timing(exec_scorer_t *self, exec_proc_t *cand, const exec_s
     s_stats(ref_s.host, ref_s.n, &rh, &dummy);
     s_stats(cand_s.host, cand_s.n, &ch, &dummy);
     /* device events must not exceed the host interval around them; work the events do not
-       see (side streams) shows as host time far above event time: then host time counts */
+       see (side streams) shows as host time far above event time: then host time counts.
+       Host time also spans the spin before the start event; both sides carry it, so the terms
+       relative to the reference's own host-minus-event time absorb it. Side-stream work short
+       enough to run beside the spin is not seen here (about 1.5 spins; the 0.2 ms slack
+       already hid that much before the spin existed): the static checks reject streams */
     if (cand_s.has_dev) {
         if (cm > ch * 1.05 + 0.05) {
             exec_result_flag(out, "timer_inconsistent");
@@ -491,6 +542,8 @@ static s_outcome_t s_timing(exec_scorer_t *self, exec_proc_t *cand, const exec_s
     out->cand_rel_err = cr;
     out->ref_iters = ref_s.n;
     out->cand_iters = cand_s.n;
+    out->phase_ms[EXEC_PH_TIMING_DUMP] = dump_ms;
+    out->phase_ms[EXEC_PH_TIMING_COMPARE] = cmp_ms;
     return S_OK;
 }
 
@@ -703,7 +756,7 @@ static int s_score(exec_scorer_t *self, const exec_task_t *task, const char *cod
     if (s_timing(self, cand, spec, &tol, out, run_deadline, &err) != S_OK)
         goto done;
     s_phase(out, EXEC_PH_TIMING, &t_ph);
-    int left = (int)((run_deadline > (uint64_t)anv_now_ms() ? run_deadline - (uint64_t)anv_now_ms() : 0) / 1000) + 5;
+    int left = s_left_s(run_deadline) + 5;
     if (s_cand_call(cand, s_trials_cmd(seeds, 1, trials, cand, "cand", false), left, "run", out,
                     &rep) != S_OK)
         goto done;

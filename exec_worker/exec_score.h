@@ -14,11 +14,14 @@
     kernels are counted in every trial (odd trials in train mode); mutated inputs, tampered
     timers, constant outputs where a constant would pass are caught here. Then timing: batches
     of fresh-input iterations, reference and candidate alternating (order swapped every
-    round), L2 flushed, device synchronised, events and host clock both recorded, the worker's
-    own clock around every batch, one output per batch checked, adaptive stop on the relative
-    standard error of both means; then one more secret trial checked after timing, and on
-    CUDA the profiler's share of GPU time in the candidate's kernels. The scorer is
-    single-threaded: one timed evaluation per GPU at a time.
+    round), L2 flushed, device synchronised, on CUDA a short spin kernel queued before the
+    start event (so the events time the GPU work, not the host's launch latency), events and
+    host clock both recorded, the worker's own clock around every batch, the output of one
+    secretly chosen iteration per batch kept and written by a separate dump command (outside
+    that clock) and checked, adaptive stop on the relative standard error of both means; then
+    one more secret trial checked after timing, and on CUDA the profiler's share of GPU time
+    in the candidate's kernels. The scorer is single-threaded: one timed evaluation per GPU at
+    a time.
 */
 #ifndef EXEC_SCORE_H
 #define EXEC_SCORE_H
@@ -42,6 +45,8 @@ typedef struct {
     int min_iters, max_iters, batch;
     double target_rel_err;  /* adaptive stop: relative standard error of both means */
     bool flush_l2;
+    int spin_us;            /* CUDA: GPU spin before each timed call's start event, longer
+                               than the host's launch latency; 0 off (default 100) */
     const char *reward_formula;
     double speedup_cap;
     int compile_timeout_s;  /* candidate load + first call */

@@ -43,7 +43,7 @@ typedef struct {
     char *reward_formula, *allow_ops, *broker, *worker_id, *ready_file, *curve_secret;
     char *curve_server;
     int64_t gpu, threads, mem_mb, cpu_s, nofile, nproc, fsize_mb, uid_base, pool_size,
-        ready_timeout, trials, warmup, min_iters, max_iters, batch, compile_timeout,
+        ready_timeout, trials, warmup, min_iters, max_iters, batch, spin_us, compile_timeout,
         run_timeout;
     double target_rel_err, speedup_cap, atol, rtol, min_gpu_share;
 } s_cfg_t;
@@ -93,6 +93,7 @@ static const anv_cfg_opt_t s_opts[] = {
     S_OPT("batch", ANV_CFG_INT, "10", 1, 1000, "iterations per interleaved batch", &C.batch),
     S_OPT("target-rel-err", ANV_CFG_DOUBLE, "0.01", 0, 1, "stop when both means are this precise", &C.target_rel_err),
     S_OPT("flush-l2", ANV_CFG_BOOL, "true", 0, -1, "flush L2 before each timed call", &C.flush_l2),
+    S_OPT("spin-us", ANV_CFG_INT, "100", 0, 100000, "GPU spin before each timed call's start event, hiding launch latency (cuda; 0 off)", &C.spin_us),
     S_OPT("reward-formula", ANV_CFG_STR, EXEC_REWARD_DEFAULT, 0, -1, "reward expression", &C.reward_formula),
     S_OPT("speedup-cap", ANV_CFG_DOUBLE, "3", 0, 1e6, "cap in the reward formula", &C.speedup_cap),
     S_OPT("compile-timeout", ANV_CFG_INT, "120", 1, 86400, "seconds for load and first call", &C.compile_timeout),
@@ -144,6 +145,7 @@ static void s_spec(exec_spec_t *s)
     s->batch = (int)C.batch;
     s->target_rel_err = C.target_rel_err;
     s->flush_l2 = C.flush_l2;
+    s->spin_us = (int)C.spin_us;
     s->reward_formula = C.reward_formula;
     s->speedup_cap = C.speedup_cap;
     s->compile_timeout_s = (int)C.compile_timeout;

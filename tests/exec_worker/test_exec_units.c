@@ -1,6 +1,6 @@
 /*  test_exec_units.c - unit tests of the worker-side pure modules: extraction, the reward
-    formula, the tensor record reader (including malformed files) and the comparison with
-    its degenerate-output checks.
+    formula, the tensor record reader (including malformed files), the comparison with its
+    degenerate-output checks and the result's JSON and proto forms.
 */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -268,6 +268,14 @@ static void t_result_json_proto(void **st)
     char *j = exec_result_to_json(&r, false);
     assert_non_null(strstr(j, "\"status\":\"incorrect\""));
     assert_non_null(strstr(j, "\"speedup\":null"));
+    assert_non_null(strstr(j, "\"timing_dump\":null")); /* not reached: null */
+    free(j);
+    /* timing's parts sit in timing.phases beside it, under their own names */
+    r.phase_ms[EXEC_PH_TIMING] = 40;
+    r.phase_ms[EXEC_PH_TIMING_DUMP] = 7.5;
+    r.phase_ms[EXEC_PH_TIMING_COMPARE] = 2.25;
+    j = exec_result_to_json(&r, false);
+    assert_non_null(strstr(j, "\"timing\":40,\"timing_dump\":7.5,\"timing_compare\":2.25"));
     free(j);
     Anvil__ExecResult pb;
     assert_int_equal(exec_result_to_proto(&r, &pb), 0);

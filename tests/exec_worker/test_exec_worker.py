@@ -168,10 +168,25 @@ def test_phases_account_for_the_evaluation(suite):
                  "check"):
         assert ph[name] is not None and ph[name] >= 0, (name, ph)
     assert ph["profile"] is None  # CPU: no profiler pass
-    assert sum(v for v in ph.values() if v) <= r["timing"]["eval_ms"] + 1
+    parts = ("timing_dump", "timing_compare")  # within timing, not after it
+    assert sum(v for k, v in ph.items() if v and k not in parts) <= r["timing"]["eval_ms"] + 1
     assert ph["timing"] > 0 and ph["cand_trials"] > 0
     rej = by[("hostile_try_fallback", True)]["timing"]["phases"]
     assert rej["static"] is not None and rej["ref"] is None and rej["timing"] is None
+    assert rej["timing_dump"] is None and rej["timing_compare"] is None
+
+
+def test_phases_split_timing(suite):
+    """timing.phases also says what the timing phase's rounds spent on writing each side's
+    compared output (timing_dump) and on comparing the two (timing_compare): every round does
+    both, so each is above 0, and together they are part of timing."""
+    for (name, _, _, _), r in zip(SUITE, suite["results"]):
+        if r["status"] != "correct":
+            continue
+        ph = r["timing"]["phases"]
+        dump, cmp = ph["timing_dump"], ph["timing_compare"]
+        assert dump is not None and cmp is not None, (name, ph)
+        assert dump > 0 and cmp > 0 and dump + cmp <= ph["timing"], (name, ph)
 
 
 def test_no_host_side_effects(suite):
@@ -212,6 +227,31 @@ def test_reward_formula_is_configurable(tmp_path):
                           "--reward-formula", "correct *", *FAST], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "reward formula" in bad.stderr
+
+
+def test_output_wrong_only_in_timed_calls(tmp_path):
+    """A candidate right in every trial and in the check after timing but wrong in the first
+    round's timed calls is incorrect, caught by that round's compared output (which the
+    harness keeps from a secretly chosen timed call and writes only on the dump command)."""
+    _need()
+    text = (CAND / "hostile_wrong_when_timed.py").read_text()
+    p = _once(tmp_path, text, "--trials", "5", "--warmup", "0", "--batch", "3")
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["status"] == "incorrect", r
+    assert "output during timing differs" in r["error"], r["error"]
+
+
+def test_spin_option(tmp_path):
+    """--spin-us is the worker's option for the GPU spin before each timed call (0 turns it
+    off; on the CPU it changes nothing) and is bounded."""
+    _need()
+    good = (CAND / "good_relu.py").read_text()
+    p = _once(tmp_path, good, "--spin-us", "0")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout)["status"] == "correct"
+    bad = _once(tmp_path, good, "--spin-us", "100001")
+    assert bad.returncode == 2 and "spin-us" in bad.stderr, bad.stderr[-2000:]
 
 
 def test_stale_work_dirs_are_cleared(tmp_path):

@@ -11,7 +11,9 @@ says {"event": "ready"} on the reply pipe. CUDA is not touched until a command n
   load    {kind, task, device, init_seed, globals, code?}  (code given = candidate)
                                              -> {load_ms} | {error, tb, phase: compile}
   trials  {seeds, modes, dump}               -> {launches, mutated, first_ms, ms}
-  time    {seeds, warmup, flush_l2, dump_at, dump} -> {host_ms, dev_ms}
+  time    {seeds, warmup, flush_l2, dump_at, spin_us}
+                                             -> {host_ms, dev_ms}
+  dump    {path}                             -> {leaves} | error when nothing is kept
   profile {seed}                             -> {gpu_share, kernels}
   env     {}                                 -> {gpu, driver, torch, triton, clocks}
 
@@ -20,6 +22,16 @@ the process keeps serving unless the C worker kills it. Outputs are written with
 the paths the command names (under /io); the C worker compares them. Nothing in a reply
 decides correctness: launch counts, mutation and tamper reports are evidence the C worker
 combines with its own comparison and its own clock.
+
+`time` on CUDA: per iteration fresh inputs, L2 flush, device sync, then a spin kernel of
+spin_us microseconds (torch.cuda._sleep, its cycles per microsecond measured with events at the
+first CUDA load; 0 = no spin) on the current stream before the start event, so the events
+bracket the call's GPU work and not the host's launch latency (the GPU is still spinning while
+the host launches the call). host_ms spans spin and call. The output of iteration dump_at is
+kept as a private copy (flattened, tensors cloned: a candidate that reuses one output buffer
+across calls still has that call's values compared) and written only by the next `dump`, which
+then poisons and frees it; the file write stays out of the time command, which the C worker
+clocks.
 """
 import json
 import os
@@ -53,6 +65,7 @@ _clone = torch.Tensor.clone
 _equal = torch.equal
 _fill = torch.Tensor.fill_
 _copy = torch.Tensor.copy_
+_sleep = getattr(torch.cuda, "_sleep", None)  # a spin kernel of N SM cycles; None: no spin
 
 # -- launch counter --------------------------------------------------------------------------
 _launch = {"on": False, "file": None, "count": 0, "names": set()}
@@ -86,6 +99,8 @@ _WATCHED = [(torch.cuda, "synchronize"), (torch.cuda, "Event"), (torch.cuda.Even
             (torch, "equal"), (torch, "manual_seed"), (torch.Tensor, "clone"),
             (torch.Tensor, "fill_"), (torch.Tensor, "to"), (torch.Tensor, "cpu"),
             (torch.Tensor, "copy_"), (torch.nn.Module, "__call__"), (_jit.JITFunction, "run")]
+if _sleep is not None:
+    _WATCHED.append((torch.cuda, "_sleep"))
 if _interp is not None and hasattr(_interp, "InterpretedFunction"):
     _WATCHED.append((_interp.InterpretedFunction, "run"))
 _SNAPSHOT = [(o, a, o.__dict__.get(a, getattr(o, a))) for o, a in _WATCHED]
@@ -106,6 +121,8 @@ class State:
     device = "cpu"
     flush = None
     inbuf = None  # the input tensors every trial and timed call writes its values into
+    kept = None  # [(key, leaf)]: the output `time` kept for the next `dump`, tensors cloned
+    spin_rate = 0.0  # torch.cuda._sleep cycles per microsecond (0: unknown, no spin)
 
 
 S = State()
@@ -147,7 +164,11 @@ def _sync():
 def _poison(out):
     """Overwrites floating outputs with NaN before they are freed, so memory reused by a later
     allocation (torch.empty returning last trial's block) cannot pass for a result."""
-    for _, leaf in tensorio.flatten(out):
+    _poison_leaves(tensorio.flatten(out))
+
+
+def _poison_leaves(leaves):
+    for _, leaf in leaves:
         if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.numel():
             try:
                 _fill(leaf.detach(), float("nan"))
@@ -192,10 +213,37 @@ def cmd_load(msg):
     S.inbuf = None
     S.runner = tasks.make_runner(msg["kind"], msg["task"], S.device, msg.get("init_seed", 0),
                                  msg.get("globals"), code, cand_file)
+    S.kept = None
     if S.device.startswith("cuda") and S.flush is None:
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
         S.flush = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device=S.device)
+        S.spin_rate = _spin_rate()
     return {"load_ms": (_perf_ns() - t0) / 1e6}
+
+
+def _spin_rate():
+    """Cycles of torch.cuda._sleep per microsecond on this GPU, measured with events: its unit
+    is the SM clock, which not every CUDA version's device properties report. The fastest of a
+    few spins counts (the clock ramps up from idle), so at a lower clock a spin only lasts
+    longer. 0.0 (timing without a spin, as before it existed) when there is no _sleep, it
+    fails (a torch built without it) or the events say nothing usable."""
+    if _sleep is None:
+        return 0.0
+    n, best = 1 << 20, 0.0
+    start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+    try:
+        _sleep(1000)
+        for _ in range(3):
+            _event_record(start)
+            _sleep(n)
+            _event_record(end)
+            _sync_cuda()
+            ms = _event_elapsed(start, end)
+            if ms > 0:
+                best = max(best, n / (ms * 1000.0))
+    except RuntimeError:
+        return 0.0
+    return best if 10.0 <= best <= 100000.0 else 0.0
 
 
 def _call_counted(inputs):
@@ -233,9 +281,17 @@ def cmd_trials(msg):
             "kernels": sorted(_launch["names"])}
 
 
+def _keep(out):
+    """A private copy of one call's output for `dump`: flattened, every tensor cloned."""
+    return [(k, _clone(v.detach()) if isinstance(v, torch.Tensor) else v)
+            for k, v in tensorio.flatten(out)]
+
+
 def cmd_time(msg):
     host, dev = [], []
     cuda = S.device.startswith("cuda")
+    S.kept = None
+    spin = int(msg.get("spin_us", 0) * S.spin_rate) if cuda and _sleep is not None else 0
     for _ in range(msg.get("warmup", 0)):
         out = S.runner.call(_same_buffers(S.runner.make_inputs(msg["seeds"][0])))
         _sync()
@@ -249,6 +305,8 @@ def cmd_time(msg):
         if cuda:
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
             h0 = _perf_ns()
+            if spin > 0:
+                _sleep(spin)
             _event_record(start)
             out = S.runner.call(inputs)
             _event_record(end)
@@ -261,9 +319,23 @@ def cmd_time(msg):
             h1 = _perf_ns()
         host.append((h1 - h0) / 1e6)
         if i == dump_at:
-            tensorio.write(msg["dump"], out)
+            S.kept = _keep(out)
         del out, inputs
     return {"host_ms": host, "dev_ms": dev if cuda else None}
+
+
+def cmd_dump(msg):
+    """Writes the output the last `time` kept to msg["path"], then poisons and frees it: one
+    dump per time command; with nothing kept (no time before, dump_at outside the batch, or
+    already dumped) an error, and the process keeps serving."""
+    kept, S.kept = S.kept, None
+    if kept is None:
+        raise RuntimeError("dump: no output kept (a time command with dump_at comes first)")
+    try:
+        n = tensorio.write_leaves(msg["path"], kept)
+    finally:
+        _poison_leaves(kept)
+    return {"leaves": n}
 
 
 def cmd_profile(msg):
@@ -302,6 +374,7 @@ def cmd_env(msg):
             env["clocks"] = f"sm_clock_khz={torch.cuda.clock_rate()}"
         except Exception:
             env["clocks"] = ""
+        env["clocks"] += f" spin_cycles_per_us={S.spin_rate:.0f}"
     else:
         env["gpu"] = "cpu"
         env["clocks"] = "triton-interpret" if os.environ.get("TRITON_INTERPRET") == "1" else ""
@@ -309,8 +382,8 @@ def cmd_env(msg):
 
 
 COMMANDS = {"static": cmd_static, "load": cmd_load, "trials": cmd_trials, "time": cmd_time,
-            "profile": cmd_profile, "env": cmd_env}
-PHASE = {"load": "compile", "trials": "run", "time": "run", "profile": "run"}
+            "dump": cmd_dump, "profile": cmd_profile, "env": cmd_env}
+PHASE = {"load": "compile", "trials": "run", "time": "run", "dump": "run", "profile": "run"}
 
 
 def _reply(fd, obj):

@@ -88,7 +88,11 @@ def write(path, obj):
     """Writes the flattened output to path; returns the number of leaves. Each leaf's bytes
     go to the file straight from its CPU copy (a 256 MiB output is written at memory speed,
     not concatenated into new byte strings first)."""
-    leaves = flatten(obj)
+    return write_leaves(path, flatten(obj))
+
+
+def write_leaves(path, leaves):
+    """write() of an output already flattened into [(key, leaf)]."""
     with open(path, "wb") as f:
         for key, leaf in leaves:
             for part in _record(key, leaf):
