@@ -155,6 +155,7 @@ char *exec_result_to_json(const exec_result_t *r, bool pretty)
     s_num(timing, "cand_rel_err", r->cand_rel_err);
     cJSON_AddNumberToObject(timing, "ref_iters", r->ref_iters);
     cJSON_AddNumberToObject(timing, "cand_iters", r->cand_iters);
+    cJSON_AddNumberToObject(timing, "rounds", r->timing_rounds);
     s_num(timing, "load_ms", r->load_ms);
     s_num(timing, "eval_ms", r->eval_ms);
     s_num(timing, "wait_ms", r->wait_ms);

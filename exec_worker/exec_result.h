@@ -58,6 +58,7 @@ typedef struct {
     double ref_host_ms, cand_host_ms;
     double ref_rel_err, cand_rel_err; /* relative standard error of the means */
     int ref_iters, cand_iters;
+    int timing_rounds; /* timing rounds, each with one compared output per side */
     double speedup;
     double compile_ms;        /* candidate's first call: JIT compile and autotune */
     double load_ms;

@@ -301,3 +301,30 @@ def test_stale_sandbox_dir_in_given_work_dir(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert "removing stale sandbox directory" in p.stderr
     assert json.loads(p.stdout)["status"] == "format_error"
+
+
+def test_rounds_grow_when_checks_dominate(tmp_path):
+    """Timing rounds compare one output per side; when that check costs more than the round's
+    calls (a large output from a cheap forward: a 64 KiB input repeated into 16 MiB, the
+    reference as its own candidate, pure torch; each check is two 16 MiB file writes over the
+    pipes and a compare), later rounds time more calls each, but at least 8 rounds run over
+    max-iters. --batch 2 and 40 iterations: 20 rounds if rounds never grew."""
+    _need()
+    task = tmp_path / "repeat_task.py"
+    task.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n"
+                    "    def forward(self, x):\n        return x.repeat(256, 1)\n\n\n"
+                    "def get_inputs():\n    return [torch.randn(1, 16384)]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    c = tmp_path / "c.py"
+    c.write_text("```python\n" + task.read_text() + "\nModelNew = Model\n```\n")
+    p = subprocess.run([str(WORKER), "--score-once", "--kind", "kernelbench", "--task", str(task),
+                        "--candidate", str(c), "--json", *FAST, "--static-checks=false",
+                        "--require-triton=false", "--allow-ops", "*", "--min-iters", "40",
+                        "--max-iters", "40", "--batch", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["status"] == "correct", r
+    t = r["timing"]
+    assert t["cand_iters"] == 40 and t["ref_iters"] == 40, t
+    assert 8 <= t["rounds"] < 20, t
