@@ -371,7 +371,7 @@ def cmd_env(msg):
         env["gpu"] = p.name
         env["driver"] = str(torch.version.cuda)
         try:
-            env["clocks"] = f"sm_clock_khz={torch.cuda.clock_rate()}"
+            env["clocks"] = f"sm_clock_mhz={torch.cuda.clock_rate()}"  # torch: MHz
         except Exception:
             env["clocks"] = ""
         env["clocks"] += f" spin_cycles_per_us={S.spin_rate:.0f}"
