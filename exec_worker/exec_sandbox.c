@@ -248,23 +248,6 @@ static void s_bwrap_args(exec_sandbox_t *self, s_args_t *a, const char *io_dir, 
         s_arg(a, etc[i]);
         s_arg(a, etc[i]);
     }
-    for (int i = 0; i < self->n_prefixes; i++) {
-        s_parents(a, self->prefixes[i]);
-        s_arg(a, "--ro-bind");
-        s_arg(a, self->prefixes[i]);
-        s_arg(a, self->prefixes[i]);
-    }
-    if (c->ro_binds && *c->ro_binds) {
-        static char extra[4096];
-        snprintf(extra, sizeof extra, "%s", c->ro_binds);
-        char *save = NULL;
-        for (char *t = strtok_r(extra, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            s_parents(a, t);
-            s_arg(a, "--ro-bind-try");
-            s_arg(a, t);
-            s_arg(a, t);
-        }
-    }
     s_arg(a, "--perms");
     s_arg(a, "0755");
     s_arg(a, "--dir");
@@ -287,6 +270,25 @@ static void s_bwrap_args(exec_sandbox_t *self, s_args_t *a, const char *io_dir, 
     s_arg(a, "1777");
     s_arg(a, "--tmpfs");
     s_arg(a, "/tmp");
+    /* the interpreter's prefixes and the extra binds after the private /tmp and /dev/shm, so
+       that a venv under /tmp (a checkout there) is still seen (it was hidden by the tmpfs) */
+    for (int i = 0; i < self->n_prefixes; i++) {
+        s_parents(a, self->prefixes[i]);
+        s_arg(a, "--ro-bind");
+        s_arg(a, self->prefixes[i]);
+        s_arg(a, self->prefixes[i]);
+    }
+    if (c->ro_binds && *c->ro_binds) {
+        static char extra[4096];
+        snprintf(extra, sizeof extra, "%s", c->ro_binds);
+        char *save = NULL;
+        for (char *t = strtok_r(extra, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            s_parents(a, t);
+            s_arg(a, "--ro-bind-try");
+            s_arg(a, t);
+            s_arg(a, t);
+        }
+    }
     s_arg(a, "--bind");
     s_arg(a, io_dir);
     s_arg(a, "/io");

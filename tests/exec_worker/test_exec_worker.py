@@ -328,3 +328,32 @@ def test_rounds_grow_when_checks_dominate(tmp_path):
     t = r["timing"]
     assert t["cand_iters"] == 40 and t["ref_iters"] == 40, t
     assert 8 <= t["rounds"] < 20, t
+
+
+def test_interpreter_under_tmp(tmp_path):
+    """An interpreter whose prefix lies under /tmp (a checkout there, with its venv) is bound
+    into the sandbox after the sandbox's private /tmp, not hidden by it: the worker used to
+    fail with "cannot exec" for every candidate. The venv made here (under pytest's tmp, so
+    under /tmp) finds torch and triton through a .pth file naming the test interpreter's own
+    site-packages, which the worker binds with --ro-binds."""
+    _need()
+    if not str(tmp_path.resolve()).startswith("/tmp/"):
+        pytest.skip("pytest's tmp_path is not under /tmp here")
+    site = subprocess.run([PYTHON, "-c", "import site, sys; print(site.getsitepackages()[0]); "
+                           "print(sys.prefix)"], capture_output=True, text=True, check=True)
+    site_dir, prefix = site.stdout.split()
+    venv = tmp_path / "venv"
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    new_site = subprocess.run([str(venv / "bin" / "python"), "-c",
+                               "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    pathlib.Path(new_site, "anvil_test_parent.pth").write_text(site_dir + "\n")
+    c = tmp_path / "c.py"
+    c.write_text((CAND / "good_relu.py").read_text())
+    args = [str(WORKER), "--score-once", "--kind", "kernelbench", "--task", str(RELU[0]),
+            "--task-globals", json.dumps(RELU[1]), "--candidate", str(c), "--json", *FAST,
+            "--python", str(venv / "bin" / "python"), "--ro-binds", prefix]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["status"] == "correct", r
