@@ -13,6 +13,7 @@ for bin in broker/anvil-broker gen_worker/anvil-gen-worker exec_worker/anvil-exe
     [ -x "$B/$bin" ] || skip "$B/$bin is not built"
 done
 command -v redis-server >/dev/null || skip "no redis-server"
+[ -d "$S/datasets/kernelbench" ] || skip "$S/datasets/kernelbench not found (set ANVIL_SHARED_DIR)"
 SRC=${ANVIL_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 MODEL=()
 if [ -n "${ANVIL_TEST_MODEL:-}" ]; then

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from eng_testlib import SHARED, run_generate
+from eng_testlib import SHARED, need_datasets, run_generate
 
 SPECIAL_IN_TEXT = ["<bos>", "<eos>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<pad>"]
 PIECES = [
@@ -92,6 +92,7 @@ def _variant(models, name, tmp_path):
 def test_tokenizer_matches_hf(variant, generate_bin, models, tmp_path):
     from tokenizers import Tokenizer
 
+    need_datasets()  # the code strings are the datasets' files
     d = _variant(models, variant, tmp_path)
     hf = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     rng = random.Random(1234)

@@ -33,6 +33,17 @@ BINARIES = {
 }
 
 
+def need_datasets(*parts):
+    """The path SHARED/datasets/PARTS...; skips the calling test, saying where it looked,
+    when it is not there (a checkout without ../shared beside it)."""
+    path = os.path.join(SHARED, "datasets", *parts)
+    if not os.path.exists(path):
+        import pytest
+        pytest.skip("%s not found (the datasets are read from ../shared/datasets beside the "
+                    "checkout; set ANVIL_SHARED_DIR)" % path)
+    return path
+
+
 def binary(name):
     """Path of a built binary, or None."""
     p = os.path.join(BUILD, BINARIES[name])

@@ -100,6 +100,8 @@ def test_three_step_loop(cluster, anvil_client, weights):
 def test_rewards_per_group(cluster, anvil_client, weights):
     start_gen(cluster, weights[0])
     start_exec_worker(cluster)
+    import anvil_cluster
+    anvil_cluster.need_datasets("kernelbench", "level1")
     ref = open(os.path.join(anvil_client_shared(), "datasets", "kernelbench", "level1",
                             "19_ReLU.py")).read()
     prompts = [{"custom_id": "relu%d" % i, "prompt": "Write ModelNew with triton.\n" + ref,

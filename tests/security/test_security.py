@@ -129,7 +129,7 @@ def test_known_keys_run_a_scored_job(curve_cluster, tiny_model, tmp_path):
     need("anvil-gen-worker", "anvil-exec-worker")
     c = curve_cluster
     prompts = str(tmp_path / "kb.jsonl")
-    c.cli("import", "kernelbench", os.path.join(anvil_cluster.SHARED, "datasets", "kernelbench"),
+    c.cli("import", "kernelbench", anvil_cluster.need_datasets("kernelbench"),
           "--level", "1", "--limit", "2", "--out", prompts)
     c.start_gen_worker("gen0", tiny_model, "--threads", "1")
     c.spawn("exec0", "anvil-exec-worker", ["--broker", c.worker_ep, "--device", "cpu",
