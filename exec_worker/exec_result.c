@@ -26,6 +26,8 @@ void exec_result_init(exec_result_t *r)
     r->max_abs_err = r->max_rel_err = r->ref_ms = r->cand_ms = NAN;
     r->ref_host_ms = r->cand_host_ms = r->ref_rel_err = r->cand_rel_err = NAN;
     r->speedup = r->compile_ms = r->load_ms = r->gpu_share = NAN;
+    for (int i = 0; i < 3; i++)
+        r->ref_q[i] = r->cand_q[i] = NAN;
     for (int i = 0; i < EXEC_PH_N; i++)
         r->phase_ms[i] = NAN;
     r->reward = 0;
@@ -156,6 +158,13 @@ char *exec_result_to_json(const exec_result_t *r, bool pretty)
     cJSON_AddNumberToObject(timing, "ref_iters", r->ref_iters);
     cJSON_AddNumberToObject(timing, "cand_iters", r->cand_iters);
     cJSON_AddNumberToObject(timing, "rounds", r->timing_rounds);
+    /* the per-call spread behind each mean: a bimodal series shows as p90 far above p50 */
+    static const char *qn[2][3] = {{"ref_p10_ms", "ref_p50_ms", "ref_p90_ms"},
+                                   {"cand_p10_ms", "cand_p50_ms", "cand_p90_ms"}};
+    for (int i = 0; i < 3; i++) {
+        s_num(timing, qn[0][i], r->ref_q[i]);
+        s_num(timing, qn[1][i], r->cand_q[i]);
+    }
     s_num(timing, "load_ms", r->load_ms);
     s_num(timing, "eval_ms", r->eval_ms);
     s_num(timing, "wait_ms", r->wait_ms);

@@ -59,6 +59,7 @@ typedef struct {
     double ref_rel_err, cand_rel_err; /* relative standard error of the means */
     int ref_iters, cand_iters;
     int timing_rounds; /* timing rounds, each with one compared output per side */
+    double ref_q[3], cand_q[3]; /* 10th, 50th, 90th percentile per call (diagnostics) */
     double speedup;
     double compile_ms;        /* candidate's first call: JIT compile and autotune */
     double load_ms;

@@ -343,6 +343,29 @@ static void s_stats(const double *v, int n, double *mean, double *rel)
     *rel = (n > 1 && *mean > 0) ? sd / sqrt(n) / *mean : INFINITY;
 }
 
+static int s_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* q[] = the 10th, 50th and 90th percentiles (nearest rank) of v[0..n); NAN when n == 0 */
+static void s_quantiles(const double *v, int n, double q[3])
+{
+    static double tmp[S_MAX_ITERS];
+    static const double at[3] = {0.10, 0.50, 0.90};
+    if (n <= 0 || n > S_MAX_ITERS) {
+        q[0] = q[1] = q[2] = NAN;
+        return;
+    }
+    memcpy(tmp, v, (size_t)n * sizeof *v);
+    qsort(tmp, (size_t)n, sizeof *tmp, s_cmp_double);
+    for (int i = 0; i < 3; i++) {
+        int r = (int)ceil(at[i] * n) - 1;
+        q[i] = tmp[r < 0 ? 0 : r];
+    }
+}
+
 static const double *s_series_times(const s_series_t *s)
 {
     return s->has_dev ? s->dev : s->host;
@@ -567,6 +590,8 @@ static s_outcome_t s_timing(exec_scorer_t *self, exec_proc_t *cand, const exec_s
     out->cand_rel_err = cr;
     out->ref_iters = ref_s.n;
     out->cand_iters = cand_s.n;
+    s_quantiles(s_series_times(&ref_s), ref_s.n, out->ref_q);
+    s_quantiles(s_series_times(&cand_s), cand_s.n, out->cand_q);
     out->timing_rounds = checked;
     out->phase_ms[EXEC_PH_TIMING_DUMP] = dump_ms;
     out->phase_ms[EXEC_PH_TIMING_COMPARE] = cmp_ms;

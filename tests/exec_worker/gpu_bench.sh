@@ -127,6 +127,11 @@ five = [r["cand_ms"] for r in good[:5]]
 spread = (max(five) - min(five)) / st.mean(five) * 100
 print(f"same kernel timed 5 times: cand_ms {['%.4f' % v for v in five]} spread "
       f"{spread:.2f} % (goal <= 3 %)")
+q = [[r["timing"].get(f"cand_p{p}_ms") for p in (10, 50, 90)] for r in good[:5]]
+if all(None not in x for x in q):
+    p50 = [x[1] for x in q]
+    print(f"  per-call p10/p50/p90 ms {['%.4f/%.4f/%.4f' % tuple(x) for x in q]}; spread of "
+          f"the medians {(max(p50) - min(p50)) / st.mean(p50) * 100:.2f} %")
 t0, t1 = map(float, (d / "warm.wall").read_text().split())
 print(f"warm worker: {len(warm)} evaluations in {t1 - t0:.1f} s (start-up included) = "
       f"{len(warm) / (t1 - t0) * 60:.1f} evaluations/min/GPU; steady state "

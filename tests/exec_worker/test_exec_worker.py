@@ -357,3 +357,16 @@ def test_interpreter_under_tmp(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads(p.stdout)
     assert r["status"] == "correct", r
+
+
+def test_timing_percentiles(suite):
+    """timing carries the 10th, 50th and 90th percentile of each side's per-call times (the
+    spread behind the means): present, positive and ordered for every correct result."""
+    for (name, _, _, _), r in zip(SUITE, suite["results"]):
+        if r["status"] != "correct":
+            continue
+        t = r["timing"]
+        for side in ("ref", "cand"):
+            q = [t[f"{side}_p{p}_ms"] for p in (10, 50, 90)]
+            assert all(v is not None and v > 0 for v in q), (name, t)
+            assert q[0] <= q[1] <= q[2], (name, side, q)
