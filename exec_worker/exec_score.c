@@ -10,7 +10,12 @@
     iteration, outside that clock; then the worker compares the two files. A round times
     --batch calls per side until a round's check (dumps and compare) costs more than its calls,
     as with large outputs; later rounds then time more calls, keeping at least S_MIN_CHECKS
-    rounds over --max-iters (timing.rounds in the result says how many ran).
+    rounds over --max-iters (timing.rounds in the result says how many ran). A round's
+    compared output is, for each leaf larger than --check-sample elements, that many elements
+    at indices the worker draws after the calls (the same on both sides) plus the leaf's shape:
+    a 256 MiB output is checked through a 256 KiB file, and a call that skipped or faked its
+    work differs in nearly every sampled element. The trials and the check after timing still
+    compare whole outputs.
 */
 #define _GNU_SOURCE
 #include "exec_score.h"
@@ -57,6 +62,7 @@ void exec_spec_default(exec_spec_t *s)
     s->target_rel_err = 0.01;
     s->flush_l2 = true;
     s->spin_us = 100;
+    s->check_sample = 65536;
     s->reward_formula = EXEC_REWARD_DEFAULT;
     s->speedup_cap = 3.0;
     s->compile_timeout_s = 120;
@@ -385,10 +391,17 @@ static cJSON *s_time_cmd(const double *seeds, int k, int warmup, const exec_spec
     return c;
 }
 
-static cJSON *s_dump_cmd(const char *path)
+/* sample > 0: each leaf of more elements is written as `sample` of its elements at indices
+   drawn from `seed` (the same on both sides), with its shape */
+static cJSON *s_dump_cmd(const char *path, int sample, uint64_t seed)
 {
     cJSON *c = s_cmd("dump");
     cJSON_AddStringToObject(c, "path", path);
+    if (sample > 0) {
+        cJSON *o = cJSON_AddObjectToObject(c, "sample");
+        cJSON_AddNumberToObject(o, "count", sample);
+        cJSON_AddNumberToObject(o, "seed", (double)(seed >> 11)); /* exact in a double */
+    }
     return c;
 }
 
@@ -423,17 +436,22 @@ static void s_series_add(s_series_t *s, const cJSON *rep, double wall, int round
 
 /* The round's two dumps (reference first) into rdump / cdump (paths inside the sandboxes). */
 static s_outcome_t s_dumps(exec_scorer_t *self, exec_proc_t *cand, const char *rdump,
-                           const char *cdump, uint64_t deadline, exec_result_t *out, int *err)
+                           const char *cdump, int sample, uint64_t deadline, exec_result_t *out,
+                           int *err)
 {
     cJSON *rep = NULL;
-    int rc = s_ref_call(self, s_dump_cmd(rdump), s_left_s(deadline), out, &rep);
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
+        seed = anv_now_ns(); /* no entropy: still unknown to the candidate before its call */
+    int rc = s_ref_call(self, s_dump_cmd(rdump, sample, seed), s_left_s(deadline), out, &rep);
     cJSON_Delete(rep);
     rep = NULL;
     if (rc != 0) {
         *err = rc;
         return S_FAILED;
     }
-    if (s_cand_call(cand, s_dump_cmd(cdump), s_left_s(deadline), "run", out, &rep) != S_OK)
+    if (s_cand_call(cand, s_dump_cmd(cdump, sample, seed), s_left_s(deadline), "run", out,
+                    &rep) != S_OK)
         return S_FAILED;
     cJSON_Delete(rep);
     return S_OK;
@@ -497,7 +515,7 @@ static s_outcome_t s_timing(exec_scorer_t *self, exec_proc_t *cand, const exec_s
            see (a 256 MiB write varies with the page cache and read as candidate work) */
         uint64_t t_dump = anv_now_ns();
         double calls_ms = (double)(t_dump - t_calls) / 1e6;
-        s_outcome_t dumped = s_dumps(self, cand, rdump, cdump, deadline, out, err);
+        s_outcome_t dumped = s_dumps(self, cand, rdump, cdump, spec->check_sample, deadline, out, err);
         uint64_t t_cmp = anv_now_ns();
         dump_ms += (double)(t_cmp - t_dump) / 1e6;
         if (dumped != S_OK) {

@@ -47,6 +47,8 @@ typedef struct {
     bool flush_l2;
     int spin_us;            /* CUDA: GPU spin before each timed call's start event, longer
                                than the host's launch latency; 0 off (default 100) */
+    int check_sample;       /* timing rounds compare this many secretly chosen elements of
+                               each larger output leaf (0: whole outputs; default 65536) */
     const char *reward_formula;
     double speedup_cap;
     int compile_timeout_s;  /* candidate load + first call */

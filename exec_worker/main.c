@@ -43,7 +43,8 @@ typedef struct {
     char *reward_formula, *allow_ops, *broker, *worker_id, *ready_file, *curve_secret;
     char *curve_server;
     int64_t gpu, threads, mem_mb, cpu_s, nofile, nproc, fsize_mb, uid_base, pool_size,
-        ready_timeout, trials, warmup, min_iters, max_iters, batch, spin_us, compile_timeout,
+        ready_timeout, trials, warmup, min_iters, max_iters, batch, spin_us, check_sample,
+        compile_timeout,
         run_timeout;
     double target_rel_err, speedup_cap, atol, rtol, min_gpu_share;
 } s_cfg_t;
@@ -94,6 +95,7 @@ static const anv_cfg_opt_t s_opts[] = {
     S_OPT("target-rel-err", ANV_CFG_DOUBLE, "0.01", 0, 1, "stop when both means are this precise", &C.target_rel_err),
     S_OPT("flush-l2", ANV_CFG_BOOL, "true", 0, -1, "flush L2 before each timed call", &C.flush_l2),
     S_OPT("spin-us", ANV_CFG_INT, "100", 0, 100000, "GPU spin before each timed call's start event, hiding launch latency (cuda; 0 off)", &C.spin_us),
+    S_OPT("check-sample", ANV_CFG_INT, "65536", 0, 1073741824, "elements of each output leaf a timing round compares, chosen after the calls (0: whole outputs)", &C.check_sample),
     S_OPT("reward-formula", ANV_CFG_STR, EXEC_REWARD_DEFAULT, 0, -1, "reward expression", &C.reward_formula),
     S_OPT("speedup-cap", ANV_CFG_DOUBLE, "3", 0, 1e6, "cap in the reward formula", &C.speedup_cap),
     S_OPT("compile-timeout", ANV_CFG_INT, "120", 1, 86400, "seconds for load and first call", &C.compile_timeout),
@@ -146,6 +148,7 @@ static void s_spec(exec_spec_t *s)
     s->target_rel_err = C.target_rel_err;
     s->flush_l2 = C.flush_l2;
     s->spin_us = (int)C.spin_us;
+    s->check_sample = (int)C.check_sample;
     s->reward_formula = C.reward_formula;
     s->speedup_cap = C.speedup_cap;
     s->compile_timeout_s = (int)C.compile_timeout;

@@ -151,3 +151,43 @@ def test_spin_is_host_time_not_event_time(harness):
     assert plain["ok"] and spun["ok"] and not spun["tampered"], spun
     assert mean(spun["host_ms"]) >= mean(plain["host_ms"]) + 1.5, (plain, spun)
     assert mean(spun["dev_ms"]) <= mean(spun["host_ms"]) - 1.5, spun
+
+
+def test_dump_sample(harness, tmp_path):
+    """`dump` with a sample writes each leaf larger than the sample as its shape (int64) and
+    count values at indices drawn from the seed: the same seed gives the same file for the
+    same output, another seed other indices, and the values are the output's own."""
+    h = harness
+    assert h.call("load", kind="kernelbench", task=RELU.read_text(), device="cpu", init_seed=1,
+                  globals={"batch_size": 4, "dim": 1000})["ok"]
+    files = {}
+    for name, seed in (("a", 5), ("b", 5), ("c", 6)):
+        assert h.call("time", seeds=[31], warmup=0, flush_l2=True, dump_at=0)["ok"]
+        d = h.call("dump", path=str(tmp_path / f"{name}.anvt"), sample={"count": 100, "seed": seed})
+        assert d["ok"] and d["leaves"] == 2, d
+        files[name] = (tmp_path / f"{name}.anvt").read_bytes()
+    assert _records(tmp_path / "a.anvt") == [(8, (2,)), (1, (100,))]  # int64 shape, f32 sample
+    assert files["a"] == files["b"] and files["a"] != files["c"]
+    # the sampled values are elements of the output (ReLU of the seed-31 input)
+    assert h.call("trials", seeds=[31], modes=[0], dump=[str(tmp_path / "full.anvt")])["ok"]
+    full = _values(tmp_path / "full.anvt")[0]
+    shape, sample = _values(tmp_path / "a.anvt")
+    assert shape == [4, 1000] and len(sample) == 100
+    assert set(sample) <= set(full) and len(set(sample)) > 50
+    # a leaf no larger than the sample stays whole
+    assert h.call("time", seeds=[31], warmup=0, flush_l2=True, dump_at=0)["ok"]
+    assert h.call("dump", path=str(tmp_path / "w.anvt"), sample={"count": 4000, "seed": 1})["ok"]
+    assert _records(tmp_path / "w.anvt") == [(1, (4, 1000))]
+
+
+def _values(path):
+    """The values of each int64 / float32 record of a tensorio file, as lists."""
+    data, out, off = path.read_bytes(), [], 0
+    while off < len(data):
+        magic, dt, ndim, keylen, nbytes = struct.unpack_from("<IIIIQ", data, off)
+        head = 24 + 8 * ndim + keylen
+        start = off + head + (-head % 8)
+        fmt = {8: "q", 1: "f"}[dt]
+        out.append(list(struct.unpack_from(f"<{nbytes // struct.calcsize(fmt)}{fmt}", data, start)))
+        off = start + nbytes + (-nbytes % 8)
+    return out

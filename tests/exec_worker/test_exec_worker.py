@@ -235,11 +235,15 @@ def test_output_wrong_only_in_timed_calls(tmp_path):
     harness keeps from a secretly chosen timed call and writes only on the dump command)."""
     _need()
     text = (CAND / "hostile_wrong_when_timed.py").read_text()
-    p = _once(tmp_path, text, "--trials", "5", "--warmup", "0", "--batch", "3")
-    assert p.returncode == 0, p.stderr[-2000:]
-    r = json.loads(p.stdout)
-    assert r["status"] == "incorrect", r
-    assert "output during timing differs" in r["error"], r["error"]
+    # whole outputs, and 64 sampled elements of each (RELU's 4000-element output is below the
+    # default sample, so the second run is the one that goes through the sampled check)
+    for sample in ("0", "64"):
+        p = _once(tmp_path, text, "--trials", "5", "--warmup", "0", "--batch", "3",
+                  "--check-sample", sample)
+        assert p.returncode == 0, p.stderr[-2000:]
+        r = json.loads(p.stdout)
+        assert r["status"] == "incorrect", (sample, r)
+        assert "output during timing differs" in r["error"], (sample, r["error"])
 
 
 def test_spin_option(tmp_path):
@@ -307,8 +311,9 @@ def test_rounds_grow_when_checks_dominate(tmp_path):
     """Timing rounds compare one output per side; when that check costs more than the round's
     calls (a large output from a cheap forward: a 64 KiB input repeated into 16 MiB, the
     reference as its own candidate, pure torch; each check is two 16 MiB file writes over the
-    pipes and a compare), later rounds time more calls each, but at least 8 rounds run over
-    max-iters. --batch 2 and 40 iterations: 20 rounds if rounds never grew."""
+    pipes and a compare, with --check-sample 0: whole outputs), later rounds time more calls
+    each, but at least 8 rounds run over max-iters. --batch 2 and 40 iterations: 20 rounds if
+    rounds never grew."""
     _need()
     task = tmp_path / "repeat_task.py"
     task.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n"
@@ -320,7 +325,7 @@ def test_rounds_grow_when_checks_dominate(tmp_path):
     p = subprocess.run([str(WORKER), "--score-once", "--kind", "kernelbench", "--task", str(task),
                         "--candidate", str(c), "--json", *FAST, "--static-checks=false",
                         "--require-triton=false", "--allow-ops", "*", "--min-iters", "40",
-                        "--max-iters", "40", "--batch", "2"],
+                        "--max-iters", "40", "--batch", "2", "--check-sample", "0"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads(p.stdout)

@@ -13,7 +13,7 @@ says {"event": "ready"} on the reply pipe. CUDA is not touched until a command n
   trials  {seeds, modes, dump}               -> {launches, mutated, first_ms, ms}
   time    {seeds, warmup, flush_l2, dump_at, spin_us}
                                              -> {host_ms, dev_ms}
-  dump    {path}                             -> {leaves} | error when nothing is kept
+  dump    {path, sample?: {count, seed}}     -> {leaves} | error when nothing is kept
   profile {seed}                             -> {gpu_share, kernels}
   env     {}                                 -> {gpu, driver, torch, triton, clocks}
 
@@ -31,7 +31,10 @@ the host launches the call). host_ms spans spin and call. The output of iteratio
 kept as a private copy (flattened, tensors cloned: a candidate that reuses one output buffer
 across calls still has that call's values compared) and written only by the next `dump`, which
 then poisons and frees it; the file write stays out of the time command, which the C worker
-clocks.
+clocks. With `sample`, each kept leaf of more than count elements is written as count of its
+elements at indices drawn from seed (chosen by the worker after the calls, the same for both
+sides) plus its shape: a 256 MiB output costs a 256 KiB file, and a call that skipped its work
+still differs in almost every sampled element.
 """
 import json
 import os
@@ -65,6 +68,11 @@ _clone = torch.Tensor.clone
 _equal = torch.equal
 _fill = torch.Tensor.fill_
 _copy = torch.Tensor.copy_
+_randint = torch.randint
+_index_select = torch.index_select
+_as_tensor = torch.tensor
+_reshape = torch.Tensor.reshape
+_to = torch.Tensor.to
 _sleep = getattr(torch.cuda, "_sleep", None)  # a spin kernel of N SM cycles; None: no spin
 
 # -- launch counter --------------------------------------------------------------------------
@@ -332,10 +340,30 @@ def cmd_dump(msg):
     if kept is None:
         raise RuntimeError("dump: no output kept (a time command with dump_at comes first)")
     try:
-        n = tensorio.write_leaves(msg["path"], kept)
+        leaves = _sampled(kept, msg["sample"]) if msg.get("sample") else kept
+        n = tensorio.write_leaves(msg["path"], leaves)
     finally:
         _poison_leaves(kept)
     return {"leaves": n}
+
+
+def _sampled(leaves, sample):
+    """Each tensor leaf of more than sample["count"] elements becomes two: KEY#shape (its
+    shape, int64) and KEY#sample (count elements of its flattened values at indices drawn
+    from sample["seed"] and the leaf's position); smaller leaves stay whole."""
+    count, seed = int(sample["count"]), int(sample["seed"])
+    out = []
+    for j, (key, leaf) in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor) and leaf.numel() > count > 0:
+            g = torch.Generator(device="cpu")
+            g.manual_seed((seed + 7919 * j) % (1 << 63))
+            idx = _randint(0, leaf.numel(), (count,), generator=g, dtype=torch.int64)
+            flat = _reshape(leaf.detach(), -1)
+            out.append((key + "#shape", _as_tensor(list(leaf.shape), dtype=torch.int64)))
+            out.append((key + "#sample", _index_select(flat, 0, _to(idx, flat.device))))
+        else:
+            out.append((key, leaf))
+    return out
 
 
 def cmd_profile(msg):
