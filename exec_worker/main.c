@@ -242,6 +242,7 @@ int main(int argc, char **argv)
     anv_cfg_rest_t rest;
     if (anv_config_load(s_opts, S_NOPTS, argc, argv, &rest, err, sizeof err) != 0) {
         fprintf(stderr, "anvil-exec-worker: %s\n", err);
+        anv_config_free(s_opts, S_NOPTS, &rest);
         return 2;
     }
     int rc = 2;

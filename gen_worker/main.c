@@ -75,6 +75,7 @@ int main(int argc, char **argv)
     anv_cfg_rest_t rest;
     if (anv_config_load(opts, n_opts, argc, argv, &rest, err, sizeof err) != 0) {
         fprintf(stderr, "anvil-gen-worker: %s\n", err);
+        anv_config_free(opts, n_opts, &rest);
         return 2;
     }
     if (rest.help) {

@@ -396,6 +396,7 @@ int main(int argc, char **argv)
     eng_engine_t *e = NULL;
     if (anv_config_load(opts, n_opts, argc, argv, &rest, err, sizeof(err))) {
         fprintf(stderr, "anvil-generate: %s\n", err);
+        anv_config_free(opts, n_opts, &rest);
         return 2;
     }
     if (rest.help || rest.argc) {
