@@ -9,15 +9,6 @@ BUILD = os.environ.get("ANVIL_BUILD_DIR", os.path.join(REPO, "build"))
 SHARED = os.environ.get("ANVIL_SHARED_DIR", os.path.join(REPO, "..", "shared"))
 
 
-def need_datasets():
-    """SHARED/datasets, or a skip of the calling test that says where it looked."""
-    path = os.path.join(SHARED, "datasets")
-    if not os.path.isdir(path):
-        import pytest
-        pytest.skip("%s not found (read from ../shared/datasets beside the checkout; set "
-                    "ANVIL_SHARED_DIR)" % path)
-    return path
-
 
 def run_generate(binary, *args, check=True, input=None):
     p = subprocess.run([binary, *map(str, args)], capture_output=True, text=True, input=input,

@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from eng_testlib import SHARED, need_datasets, run_generate
+from anvil_cluster import need_datasets  # tests/lib, on the path from tests/conftest.py
+from eng_testlib import SHARED, run_generate
 
 SPECIAL_IN_TEXT = ["<bos>", "<eos>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<pad>"]
 PIECES = [
@@ -92,7 +93,7 @@ def _variant(models, name, tmp_path):
 def test_tokenizer_matches_hf(variant, generate_bin, models, tmp_path):
     from tokenizers import Tokenizer
 
-    need_datasets()  # the code strings are the datasets' files
+    need_datasets()  # the code strings are the datasets' files (skips without them)
     d = _variant(models, variant, tmp_path)
     hf = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     rng = random.Random(1234)
