@@ -32,6 +32,8 @@ SCRIPTS = sorted(glob.glob(os.path.join(REPO, "deploy", "**", "*.sh"), recursive
                  + glob.glob(os.path.join(REPO, "deploy", "slurm", "*.sbatch")))
 PROMPTS = 64
 SAMPLES = 2
+STALL_S = 90  # the resumed job made no new sample for this long: it is stuck
+TOTAL_S = 1200  # the resumed job's whole run, at any speed
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: os.path.relpath(p, REPO))
@@ -246,12 +248,21 @@ def test_drain_and_resume(bundle, slow_model, tmp_path, mode):
         again = json.loads(node.cli(env1, *sub_args).stdout)
         assert again["job_id"] == job and again["existing"] is True, again
         node.start("gen", "gen", "run.1")
-        deadline = time.time() + 240
+        # the resumed job must keep moving, not be fast: under the sanitizers this CPU worker
+        # makes ~40 tok/s (the rest of the job takes ~400 s), without them ~10x that. A job that
+        # stops making samples for STALL_S fails at once; TOTAL_S bounds the whole wait.
+        start = last_move = time.time()
+        last = -1
         while True:
             st = node.status(env1, job)
             if st["state"] == "done":
                 break
-            assert time.time() < deadline, (st, worker_logs(cdir, "run.1"))
+            if st.get("generated", 0) != last:
+                last, last_move = st.get("generated", 0), time.time()
+            now = time.time()
+            assert now - last_move < STALL_S and now - start < TOTAL_S, (
+                "no new sample for %.0f s, %.0f s in all" % (now - last_move, now - start),
+                st, worker_logs(cdir, "run.1"))
             time.sleep(0.5)
         assert st["generated"] == PROMPTS * SAMPLES and st.get("failed", 0) == 0, st
         res = [json.loads(line) for line in node.cli(env1, "results", job).stdout.splitlines()
