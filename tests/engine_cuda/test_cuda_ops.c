@@ -7,9 +7,13 @@
     keeps fp32, the CUDA default bf16, so cache contents are compared after rounding and the
     attention tests put identical (bf16-representable) values in both. Sampling is checked
     for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance and
-    the empirical distribution over many seeds. Exit 77 without a GPU.
+    the empirical distribution over many seeds, for both samplers (one block a row, and a
+    cluster of 8 blocks a row: ANVIL_CUDA_SAMPLE_BLOCKS=8), with the time of a sample call
+    printed for each. Exit 77 without a GPU.
 */
 #include "ecu_test.h"
+
+#include <time.h>
 
 #include "anv_log.h"
 #include "cpu/eng_cpu.h"
@@ -319,18 +323,20 @@ static void test_elementwise(void)
     free(g), free(u), free(ref), free(got), free(st), free(x), free(rr), free(gt);
 }
 
-static void test_softmax_sample(void)
+/* log_softmax and sampling on backend gb (label: its sampler) against the host */
+static void test_softmax_sample(eng_backend_t *gb, const char *label)
 {
     char name[128];
     int vocab = 155136, n = 4;
+    printf("sampler: %s\n", label);
     size_t t = (size_t)n * vocab;
     float *l = s_rand(t, 8.0f);
     l[vocab + 77] = l[vocab + 78] = 30.0f; /* a tie in row 1: the lower id wins */
-    float *gl = ecu_t_put(gpu, l, t * 4), *go = gpu->alloc(gpu, t * 4);
+    float *gl = ecu_t_put(gb, l, t * 4), *go = gb->alloc(gb, t * 4);
     float *ref = malloc(t * 4), *got = malloc(t * 4);
     cpu->log_softmax(cpu, ref, l, n, vocab);
-    gpu->log_softmax(gpu, go, gl, n, vocab);
-    ecu_t_get(gpu, got, go, t * 4);
+    gb->log_softmax(gb, go, gl, n, vocab);
+    ecu_t_get(gb, got, go, t * 4);
     ecu_t_close("log_softmax vocab=155136", got, ref, t, 1e-6);
 
     eng_sample_params_t sp[4];
@@ -338,7 +344,7 @@ static void test_softmax_sample(void)
     float lp[4];
     for (int r = 0; r < n; r++)
         sp[r] = (eng_sample_params_t){0.0f, 0, 1.0f, 0.0f, (uint64_t)r, 0};
-    gpu->sample(gpu, tok, lp, gl, n, vocab, sp);
+    gb->sample(gb, tok, lp, gl, n, vocab, sp);
     for (int r = 0; r < n; r++) {
         int am = 0;
         for (int i = 1; i < vocab; i++)
@@ -352,7 +358,7 @@ static void test_softmax_sample(void)
     for (int r = 0; r < n; r++)
         sp[r] = (eng_sample_params_t){1.0f, 1, 1.0f, 0.0f, (uint64_t)r * 7 + 1, 3};
     int32_t tok1[4];
-    gpu->sample(gpu, tok1, lp, gl, n, vocab, sp);
+    gb->sample(gb, tok1, lp, gl, n, vocab, sp);
     /* ties at the top-k threshold all survive: row 1 may draw either tied token */
     ecu_t_check(tok1[0] == tok[0] && tok1[2] == tok[2] && tok1[3] == tok[3],
                 "top_k=1 equals greedy on rows without ties");
@@ -369,7 +375,7 @@ static void test_softmax_sample(void)
     float *rl = malloc((size_t)R * V * 4);
     for (int r = 0; r < R; r++)
         memcpy(rl + (size_t)r * V, base, sizeof(base));
-    float *grl = ecu_t_put(gpu, rl, (size_t)R * V * 4);
+    float *grl = ecu_t_put(gb, rl, (size_t)R * V * 4);
     eng_sample_params_t *rp = malloc((size_t)R * sizeof(*rp));
     int32_t *rt = malloc((size_t)R * 4), *rt2 = malloc((size_t)R * 4);
     float *rlp = malloc((size_t)R * 4);
@@ -386,7 +392,7 @@ static void test_softmax_sample(void)
         for (int r = 0; r < R; r++)
             rp[r] = (eng_sample_params_t){cases[ci].temp, cases[ci].top_k, cases[ci].top_p,
                                           cases[ci].min_p, 0xabcdef00ull + (uint64_t)r, 5};
-        gpu->sample(gpu, rt, rlp, grl, R, V, rp);
+        gb->sample(gb, rt, rlp, grl, R, V, rp);
         /* expected distribution: temperature, then top-k, top-p (over the survivors), min-p */
         double q[V], qs = 0, mx = -1e30;
         int order[V];
@@ -443,11 +449,11 @@ static void test_softmax_sample(void)
         ecu_t_check(outside == 0 && maxdev < 0.02, name);
         ecu_t_check(lp_ok, "sampled logprobs are the model's log_softmax");
         /* same seeds, same tokens; a row alone draws what it drew in the batch */
-        gpu->sample(gpu, rt2, rlp, grl, R, V, rp);
+        gb->sample(gb, rt2, rlp, grl, R, V, rp);
         ecu_t_check(memcmp(rt, rt2, (size_t)R * 4) == 0, "same seeds give the same tokens");
         int32_t one;
         float onelp;
-        gpu->sample(gpu, &one, &onelp, grl + (size_t)1234 * V, 1, V, rp + 1234);
+        gb->sample(gb, &one, &onelp, grl + (size_t)1234 * V, 1, V, rp + 1234);
         ecu_t_check(one == rt[1234], "a row alone samples what it sampled in the batch");
         /* the host sampler (the CPU backend's `sample`) is the definition: the same draws
            from the same logits, short of an expf/logf rounding at a Gumbel near-tie */
@@ -465,15 +471,42 @@ static void test_softmax_sample(void)
         sp[r] = (eng_sample_params_t){0.9f, 40, 0.95f, 0.0f, (uint64_t)r * 11 + 3, 9};
     int32_t tg[4], th[4];
     float lg[4], lh[4];
-    gpu->sample(gpu, tg, lg, gl, n, vocab, sp);
+    gb->sample(gb, tg, lg, gl, n, vocab, sp);
     cpu->sample(cpu, th, lh, l, n, vocab, sp);
     for (int r = 0; r < n; r++) {
         snprintf(name, sizeof(name), "vocab=155136 row %d: GPU token %d, host token %d", r, tg[r],
                  th[r]);
         ecu_t_check(tg[r] == th[r] && fabsf(lg[r] - lh[r]) < 1e-4f, name);
     }
-    gpu->free(gpu, gl), gpu->free(gpu, go), gpu->free(gpu, grl);
+    gb->free(gb, gl), gb->free(gb, go), gb->free(gb, grl);
     free(l), free(ref), free(got), free(rl), free(rp), free(rt), free(rt2), free(rlp);
+}
+
+/* Prints what one sample call (parameters up, kernel, tokens down) costs on gb for n rows of
+   the full vocabulary with top-k and top-p on: a figure, not a check. */
+static void s_sample_timing(eng_backend_t *gb, const char *label)
+{
+    int vocab = 155136, ns[3] = {1, 16, 256}, reps = 50;
+    float *l = s_rand((size_t)256 * vocab, 8.0f);
+    float *gl = ecu_t_put(gb, l, (size_t)256 * vocab * 4);
+    eng_sample_params_t sp[256];
+    int32_t tok[256];
+    float lp[256];
+    for (int r = 0; r < 256; r++)
+        sp[r] = (eng_sample_params_t){0.9f, 40, 0.95f, 0.0f, (uint64_t)r + 1, 1};
+    for (int k = 0; k < 3; k++) {
+        gb->sample(gb, tok, lp, gl, ns[k], vocab, sp); /* warm */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int i = 0; i < reps; i++)
+            gb->sample(gb, tok, lp, gl, ns[k], vocab, sp);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double us = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / 1e3 / reps;
+        printf("info sample timing (%s): %d row(s) x %d, top-k 40 top-p 0.95: %.1f us a call\n",
+               label, ns[k], vocab, us);
+    }
+    gb->free(gb, gl);
+    free(l);
 }
 
 int main(void)
@@ -508,7 +541,18 @@ int main(void)
     test_attention(gpu8, 128, 32, 8);
     test_attention(gpu8, 64, 28, 4);
     test_elementwise();
-    test_softmax_sample();
+    test_softmax_sample(gpu, "one block a row");
+    s_sample_timing(gpu, "one block a row");
+    /* the clustered sampler (ANVIL_CUDA_SAMPLE_BLOCKS=8) must draw exactly what the host does */
+    setenv("ANVIL_CUDA_SAMPLE_BLOCKS", "8", 1);
+    eng_backend_t *gpuc = eng_backend_new("cuda", 0);
+    unsetenv("ANVIL_CUDA_SAMPLE_BLOCKS");
+    ecu_t_check(gpuc != NULL, "a backend with the clustered sampler");
+    if (gpuc) {
+        test_softmax_sample(gpuc, "a cluster of 8 blocks a row");
+        s_sample_timing(gpuc, "a cluster of 8 blocks a row");
+        gpuc->destroy(&gpuc);
+    }
     size_t fr = 0, tot = 0;
     ecu_t_check(gpu->mem_info(gpu, &fr, &tot) == 0 && fr > 0 && fr <= tot, "mem_info");
     gpu32->destroy(&gpu32);

@@ -484,6 +484,14 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* programmatic dependent launch needs sm_90; ANVIL_CUDA_PDL=0 turns it off (A/B) */
         const char *pdl = getenv("ANVIL_CUDA_PDL");
         st->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
+        /* ANVIL_CUDA_SAMPLE_BLOCKS=8: a cluster of 8 blocks samples each row (sm_90) */
+        const char *sb = getenv("ANVIL_CUDA_SAMPLE_BLOCKS");
+        st->sample_blocks = 1;
+        if (sb && atoi(sb) == ECU_SM_CLUSTER && prop.major >= 9)
+            st->sample_blocks = ECU_SM_CLUSTER;
+        else if (sb && atoi(sb) != 1)
+            ANV_WARN("cuda backend: ANVIL_CUDA_SAMPLE_BLOCKS=%s ignored (1, or %d on sm_90+)", sb,
+                     ECU_SM_CLUSTER);
     }
     if (cublasLtCreate(&st->lt) != CUBLAS_STATUS_SUCCESS) {
         ANV_ERROR("cuda backend: cannot create a cuBLASLt handle");
@@ -519,9 +527,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->rope_kv_store = ecu_rope_kv_store;
     be->swiglu_fused = ecu_swiglu_fused;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s", prop.name, st->n_sm,
-             prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
-             st->pdl ? "on" : "off");
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, sampler %d block(s) a row",
+             prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
+             st->pdl ? "on" : "off", st->sample_blocks);
     return be;
 fail:
     s_destroy(&be);

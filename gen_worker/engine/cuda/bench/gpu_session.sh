@@ -21,6 +21,8 @@
 #                1k prompts and lengths 128..640 (scaled down from 4k to fit)
 #   bench_nopdl  the same decode batches (no decode_ctx, no grpo) with ANVIL_CUDA_PDL=0: the A/B
 #                of programmatic dependent launch in one session
+#   bench_samp8  the same decode batches with ANVIL_CUDA_SAMPLE_BLOCKS=8 (the clustered
+#                sampler: 8 blocks a row): its A/B against bench in one session
 #   load_8b      anvil-generate --backend cuda on the 8B checkpoint, 1 token: the engine's
 #                "weights: ... GB/s" line (page cache warm: written just before), twice
 #   gen_graphs   generate_graphs.sh: the engine with and without --cuda-graphs
@@ -185,6 +187,12 @@ else
     step bench_nopdl 120 env ANVIL_CUDA_PDL=0 "$BENCH" --cuda-graphs --batches 1,16,64,256 \
         --prompt 512 --new 256 --ctx-batch 0 --grpo-prompts 0
 fi
+if [ $DRY = 1 ]; then
+    step bench_samp8 60 env ANVIL_CUDA_SAMPLE_BLOCKS=8 "$BENCH" "${BENCH_ARGS[@]}"
+else
+    step bench_samp8 120 env ANVIL_CUDA_SAMPLE_BLOCKS=8 "$BENCH" --cuda-graphs --batches 1,16,64,256 \
+        --prompt 512 --new 256 --ctx-batch 0 --grpo-prompts 0
+fi
 
 if [ -n "$CKPT_PID" ]; then
     # the 8B load: wait for the writer (it has been running since the start)
@@ -245,6 +253,10 @@ fi
     grep -E "^(device|decode|decode_ctx|grpo|summary)" "$OUT/bench.log" 2>/dev/null
     echo "== the same decode batches without PDL (ANVIL_CUDA_PDL=0)"
     grep -E "^(device|decode|summary)" "$OUT/bench_nopdl.log" 2>/dev/null
+    echo "== the same decode batches with the clustered sampler (ANVIL_CUDA_SAMPLE_BLOCKS=8)"
+    grep -E "^(device|decode|summary)" "$OUT/bench_samp8.log" 2>/dev/null
+    echo "== sample call timings (test_cuda_ops)"
+    grep -E "sample timing" "$OUT/ops_test.log" 2>/dev/null
     echo "== hf peer"
     grep -E "^hf_" "$OUT/hf_peer.log" 2>/dev/null
     echo "== fp8 KV: accuracy (vs HF) and speed"
