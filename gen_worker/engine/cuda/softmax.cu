@@ -3,8 +3,8 @@
     log_softmax: one block of 1024 threads a row: block max, block sum of exp, write
     l - lse. sample: one block a row, or with ANVIL_CUDA_SAMPLE_BLOCKS=8 a cluster of 8
     blocks, each scanning its part of the row and exchanging every pass's partials through
-    distributed shared memory (s_row_group). The row's max / argmax and log-sum-exp give the greedy token and every
-    logprob (of the model's own distribution); truncation works on an order-preserving integer
+    distributed shared memory (s_row_group). The row's max / argmax and log-sum-exp give
+    the greedy token and every logprob (of the model's own distribution); truncation works on an order-preserving integer
     key of each logit, so top-k and top-p thresholds are found by a 4-pass radix select (8
     bits a pass, counts for top-k, fixed-point masses for top-p: integer sums, so the
     threshold is the same whatever the thread schedule; a warp's lanes that fall in one bin,
