@@ -4,16 +4,17 @@
     l - lse. sample: one block a row, or with ANVIL_CUDA_SAMPLE_BLOCKS=8 a cluster of 8
     blocks, each scanning its part of the row and exchanging every pass's partials through
     distributed shared memory (s_row_group). The row's max / argmax and log-sum-exp give
-    the greedy token and every logprob (of the model's own distribution); truncation works on an order-preserving integer
-    key of each logit, so top-k and top-p thresholds are found by a 4-pass radix select (8
-    bits a pass, counts for top-k, fixed-point masses for top-p: integer sums, so the
-    threshold is the same whatever the thread schedule; a warp's lanes that fall in one bin,
-    most of them since similar logits share their high bytes, add with one shared atomic,
-    found by __match_any_sync), min-p is a plain logit threshold, and
-    the draw is a Gumbel-max over the survivors with one counter-based uniform per (seed,
-    step, token). A row's result depends only on its logits, its own parameters and the
-    backend's blocks a row (the logprob's float sum only; the token not even on that), and
-    its token is the host sampler's (eng_sampler.c) draw: the two share eng_sample_hash.h.
+    the greedy token and every logprob (of the model's own distribution); truncation works
+    on an order-preserving integer key of each logit, so top-k and top-p thresholds are
+    found by a 4-pass radix select (8 bits a pass, counts for top-k, fixed-point masses for
+    top-p: integer sums, so the threshold is the same whatever the thread schedule; a
+    warp's lanes that fall in one bin, most of them since similar logits share their high
+    bytes, add with one shared atomic, found by __match_any_sync), min-p is a plain logit
+    threshold, and the draw is a Gumbel-max over the survivors with one counter-based
+    uniform per (seed, step, token). A row's result depends only on its logits, its own
+    parameters and the backend's blocks a row (the logprob's float sum only; the token not
+    even on that), and its token is the host sampler's (eng_sampler.c) draw: the two share
+    eng_sample_hash.h.
 */
 #include <cooperative_groups.h>
 #include <string.h>
