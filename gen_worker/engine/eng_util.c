@@ -170,7 +170,9 @@ int eng_strmap_put(eng_strmap_t *self, const void *key, size_t len, int32_t valu
         s->value = value;
         return 0;
     }
-    if (self->arena_n + len > self->arena_cap) {
+    /* the arena exists before the first key goes in, even an empty one: every stored key's
+       bytes are then at a valid address (arena + off), which s_find compares against */
+    if (!self->arena || self->arena_n + len > self->arena_cap) {
         size_t cap = self->arena_cap ? self->arena_cap : 4096;
         while (cap < self->arena_n + len)
             cap *= 2;
@@ -180,7 +182,8 @@ int eng_strmap_put(eng_strmap_t *self, const void *key, size_t len, int32_t valu
         self->arena = a;
         self->arena_cap = cap;
     }
-    memcpy(self->arena + self->arena_n, key, len);
+    if (len)
+        memcpy(self->arena + self->arena_n, key, len);
     s->hash = h;
     s->off = self->arena_n;
     s->len = (uint32_t)len;
