@@ -7,9 +7,10 @@
     keeps fp32, the CUDA default bf16, so cache contents are compared after rounding and the
     attention tests put identical (bf16-representable) values in both. Sampling is checked
     for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance and
-    the empirical distribution over many seeds, for both samplers (one block a row, and a
-    cluster of 8 blocks a row: ANVIL_CUDA_SAMPLE_BLOCKS=8), with the time of a sample call
-    printed for each. Exit 77 without a GPU.
+    the empirical distribution over many seeds, for the default sampler (blocks a row by
+    batch) and each fixed one (one block a row, a cluster of 8 blocks a row:
+    ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), with the time of a sample call printed for each. Exit 77
+    without a GPU.
 */
 #include "ecu_test.h"
 
@@ -541,17 +542,21 @@ int main(void)
     test_attention(gpu8, 128, 32, 8);
     test_attention(gpu8, 64, 28, 4);
     test_elementwise();
-    test_softmax_sample(gpu, "one block a row");
-    s_sample_timing(gpu, "one block a row");
-    /* the clustered sampler (ANVIL_CUDA_SAMPLE_BLOCKS=8) must draw exactly what the host does */
-    setenv("ANVIL_CUDA_SAMPLE_BLOCKS", "8", 1);
-    eng_backend_t *gpuc = eng_backend_new("cuda", 0);
-    unsetenv("ANVIL_CUDA_SAMPLE_BLOCKS");
-    ecu_t_check(gpuc != NULL, "a backend with the clustered sampler");
-    if (gpuc) {
-        test_softmax_sample(gpuc, "a cluster of 8 blocks a row");
-        s_sample_timing(gpuc, "a cluster of 8 blocks a row");
-        gpuc->destroy(&gpuc);
+    test_softmax_sample(gpu, "blocks a row by batch (the default)");
+    s_sample_timing(gpu, "blocks a row by batch (the default)");
+    /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) must draw exactly what the host does */
+    static const char *const fixed[2][2] = {{"1", "one block a row"},
+                                            {"8", "a cluster of 8 blocks a row"}};
+    for (int f = 0; f < 2; f++) {
+        setenv("ANVIL_CUDA_SAMPLE_BLOCKS", fixed[f][0], 1);
+        eng_backend_t *gpuc = eng_backend_new("cuda", 0);
+        unsetenv("ANVIL_CUDA_SAMPLE_BLOCKS");
+        ecu_t_check(gpuc != NULL, "a backend with a fixed sampler");
+        if (gpuc) {
+            test_softmax_sample(gpuc, fixed[f][1]);
+            s_sample_timing(gpuc, fixed[f][1]);
+            gpuc->destroy(&gpuc);
+        }
     }
     size_t fr = 0, tot = 0;
     ecu_t_check(gpu->mem_info(gpu, &fr, &tot) == 0 && fr > 0 && fr <= tot, "mem_info");

@@ -69,6 +69,21 @@ def main():
         check(False, "a file without the CSV header is refused")
     except ValueError:
         check(True, "a file without the CSV header is refused")
+    # a batch-256 step: attention (twice a step here) has the widest grid; the sampler, once
+    # a step and last, delimits the steps instead
+    b = [HEAD]
+    kid = 0
+    for step in range(3):
+        for name, grid, us in (("void s_attn_decode_kernel<128, 4>(float*)", "(4608, 8, 1)", "300"),
+                               ("void s_attn_decode_kernel<128, 4>(float*)", "(4608, 8, 1)", "300"),
+                               ("sm90_gemm(float*)", "(132, 1, 1)", "900" if step == 2 else "800"),
+                               ("void s_sample_kernel<1>(float*)", "(256, 1, 1)", "40")):
+            b += rows(kid, name, grid, us, "1", "0")
+            kid += 1
+    step = ncu_step.last_step(ncu_step.parse("\n".join(b)))
+    check([k["name"][:8] for k in step] == ["void s_a", "void s_a", "sm90_gem", "void s_s"],
+          "with sampling kernels, a step runs from after one sampler to the next")
+    check(abs(sum(k["ns"] for k in step) - 1540e3) < 1, "the last step is the third (by the sampler)")
     print("%d failed" % fails)
     return 1 if fails else 0
 

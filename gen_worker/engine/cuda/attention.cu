@@ -17,7 +17,11 @@
     layout instead: every sequence gets the same number of split tiles (those past its context
     are empty and return at once), so grid sizes and buffer sizes depend only on the batch and
     context buckets; the tiles that do run compute exactly what the ordinary plan computes.
-    The decode and combine kernels are launched with PDL (see eng_cuda_internal.h).
+    The decode and combine kernels are launched with PDL (see eng_cuda_internal.h); the decode
+    kernel reads its tile, context and block-table entry before the PDL wait (the plan is
+    uploaded before a step's first kernel), issues its whole K row (1- and 2-byte caches) before
+    staging q, and a full warp's 32 V rows before the first is used; the combine computes each
+    split's weight once into shared memory.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -138,35 +142,62 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
     return 0;
 }
 
-/* K/V element loads widened to fp32, 8 at a time (16 bytes of bf16, 32 of fp32, 8 of fp8). */
-static __device__ __forceinline__ void s_ld8(const __nv_bfloat16 *p, float *o)
+/* K/V elements 8 at a time: the raw bits as loaded (16 bytes of bf16, 32 of fp32, 8 of fp8),
+   widened to fp32 only when used, so the loads can be issued long before (s_k8_load /
+   s_k8_widen); s_ld8 does both at once. */
+template <typename T> struct s_k8;
+template <> struct s_k8<__nv_bfloat16> {
+    uint4 u;
+};
+template <> struct s_k8<__nv_fp8_e4m3> {
+    uint2 u;
+};
+template <> struct s_k8<float> {
+    float4 a, b;
+};
+static __device__ __forceinline__ void s_k8_load(s_k8<__nv_bfloat16> &r, const __nv_bfloat16 *p)
 {
-    uint4 u = *(const uint4 *)p;
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+    r.u = *(const uint4 *)p;
+}
+static __device__ __forceinline__ void s_k8_load(s_k8<__nv_fp8_e4m3> &r, const __nv_fp8_e4m3 *p)
+{
+    r.u = *(const uint2 *)p;
+}
+static __device__ __forceinline__ void s_k8_load(s_k8<float> &r, const float *p)
+{
+    r.a = *(const float4 *)p, r.b = *(const float4 *)(p + 4);
+}
+static __device__ __forceinline__ void s_k8_widen(const s_k8<__nv_bfloat16> &r, float *o)
+{
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&r.u;
     for (int i = 0; i < 4; i++) {
         float2 f = __bfloat1622float2(h[i]);
         o[2 * i] = f.x, o[2 * i + 1] = f.y;
     }
 }
-static __device__ __forceinline__ void s_ld8(const float *p, float *o)
+static __device__ __forceinline__ void s_k8_widen(const s_k8<float> &r, float *o)
 {
-    float4 a = *(const float4 *)p, c = *(const float4 *)(p + 4);
-    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = c.x, o[5] = c.y, o[6] = c.z,
-    o[7] = c.w;
+    o[0] = r.a.x, o[1] = r.a.y, o[2] = r.a.z, o[3] = r.a.w, o[4] = r.b.x, o[5] = r.b.y,
+    o[6] = r.b.z, o[7] = r.b.w;
 }
-/* fp8 e4m3: 8 bytes, widened two at a time (exact: every e4m3 value is a float) */
+/* fp8 e4m3 widened two at a time (exact: every e4m3 value is a float) */
 static __device__ __forceinline__ float2 s_f8x2(unsigned short u)
 {
     __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)u, __NV_E4M3);
     return __half22float2(*(const __half2 *)&h);
 }
-static __device__ __forceinline__ void s_ld8(const __nv_fp8_e4m3 *p, float *o)
+static __device__ __forceinline__ void s_k8_widen(const s_k8<__nv_fp8_e4m3> &r, float *o)
 {
-    uint2 u = *(const uint2 *)p;
-    float2 a = s_f8x2((unsigned short)(u.x & 0xffff)), b = s_f8x2((unsigned short)(u.x >> 16));
-    float2 c = s_f8x2((unsigned short)(u.y & 0xffff)), d = s_f8x2((unsigned short)(u.y >> 16));
+    float2 a = s_f8x2((unsigned short)(r.u.x & 0xffff)), b = s_f8x2((unsigned short)(r.u.x >> 16));
+    float2 c = s_f8x2((unsigned short)(r.u.y & 0xffff)), d = s_f8x2((unsigned short)(r.u.y >> 16));
     o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y, o[4] = c.x, o[5] = c.y, o[6] = d.x,
     o[7] = d.y;
+}
+template <typename T> static __device__ __forceinline__ void s_ld8(const T *p, float *o)
+{
+    s_k8<T> r;
+    s_k8_load(r, p);
+    s_k8_widen(r, o);
 }
 
 template <int HD, int RPW, typename T>
@@ -287,39 +318,75 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     }
 }
 
-/* PER elements of a K/V row widened to fp32 (PER = HD / 32: 2 or 4). */
-template <int PER> static __device__ __forceinline__ void s_ldp(const __nv_bfloat16 *p, float *o)
+/* PER elements of a V row (PER = HD / 32: 2 or 4), raw as loaded and widened to fp32 when
+   used (s_vp_load / s_vp_widen), as s_k8 for K. */
+template <int PER, typename T> struct s_vp;
+template <> struct s_vp<4, __nv_bfloat16> {
+    uint2 u;
+};
+template <> struct s_vp<2, __nv_bfloat16> {
+    unsigned int u;
+};
+template <> struct s_vp<4, __nv_fp8_e4m3> {
+    unsigned int u;
+};
+template <> struct s_vp<2, __nv_fp8_e4m3> {
+    unsigned short u;
+};
+template <> struct s_vp<4, float> {
+    float4 u;
+};
+template <> struct s_vp<2, float> {
+    float2 u;
+};
+template <int PER, typename T>
+static __device__ __forceinline__ void s_vp_load(s_vp<PER, T> &r, const T *p)
 {
-    if (PER == 4) {
-        uint2 u = *(const uint2 *)p;
-        float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x);
-        float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
-        o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
-    } else {
-        float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)p);
-        o[0] = a.x, o[1] = a.y;
-    }
+    r.u = *(const decltype(r.u) *)p;
 }
-template <int PER>
-static __device__ __forceinline__ void s_ldp(const __nv_fp8_e4m3 *p, float *o)
+static __device__ __forceinline__ void s_vp_widen(const s_vp<4, __nv_bfloat16> &r, float *o)
 {
-    if (PER == 4) {
-        unsigned int u = *(const unsigned int *)p;
-        float2 a = s_f8x2((unsigned short)(u & 0xffff)), b = s_f8x2((unsigned short)(u >> 16));
-        o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
-    } else {
-        float2 a = s_f8x2(*(const unsigned short *)p);
-        o[0] = a.x, o[1] = a.y;
-    }
+    float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&r.u.x);
+    float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)&r.u.y);
+    o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
 }
-template <int PER> static __device__ __forceinline__ void s_ldp(const float *p, float *o)
+static __device__ __forceinline__ void s_vp_widen(const s_vp<2, __nv_bfloat16> &r, float *o)
 {
-    if (PER == 4) {
-        float4 a = *(const float4 *)p;
-        o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w;
-    } else {
-        float2 a = *(const float2 *)p;
-        o[0] = a.x, o[1] = a.y;
+    float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&r.u);
+    o[0] = a.x, o[1] = a.y;
+}
+static __device__ __forceinline__ void s_vp_widen(const s_vp<4, __nv_fp8_e4m3> &r, float *o)
+{
+    float2 a = s_f8x2((unsigned short)(r.u & 0xffff)), b = s_f8x2((unsigned short)(r.u >> 16));
+    o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
+}
+static __device__ __forceinline__ void s_vp_widen(const s_vp<2, __nv_fp8_e4m3> &r, float *o)
+{
+    float2 a = s_f8x2(r.u);
+    o[0] = a.x, o[1] = a.y;
+}
+static __device__ __forceinline__ void s_vp_widen(const s_vp<4, float> &r, float *o)
+{
+    o[0] = r.u.x, o[1] = r.u.y, o[2] = r.u.z, o[3] = r.u.w;
+}
+static __device__ __forceinline__ void s_vp_widen(const s_vp<2, float> &r, float *o)
+{
+    o[0] = r.u.x, o[1] = r.u.y;
+}
+
+/* o[g][.] += p(key j, head g) * V row j, for the lane's PER dimensions */
+template <int G, int PER, typename T>
+static __device__ __forceinline__ void s_pv_acc(float (&o)[G][PER], const s_vp<PER, T> &raw,
+                                                const float (&pr)[G], int j)
+{
+    float vf[PER];
+    s_vp_widen(raw, vf);
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        float pj = __shfl_sync(0xffffffffu, pr[g], j);
+#pragma unroll
+        for (int e = 0; e < PER; e++)
+            o[g][e] += pj * vf[e];
     }
 }
 
@@ -340,39 +407,50 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     __shared__ float wo[ECU_ATTN_WARPS][G][HD];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     ecu_pdl_trigger(); /* the combine and the O projection may be launched */
-    ecu_pdl_wait();
+    /* The plan (tiles, contexts, block tables) was uploaded before the step's first kernel, so
+       it is read before the PDL wait: the chain tile -> context -> table -> cache row overlaps
+       the kernel before, and after the wait only the cache and q remain (at batch 1 a block's
+       time is its chain of dependent round trips, not bandwidth). */
     const int4 tl = tiles[blockIdx.x];
     if (tl.z == 0)
         return; /* an empty tile of a graph step's fixed layout (block-uniform) */
     const int kvh = blockIdx.y, seq = tl.x, tok = tl.y, split = tl.w;
-    const int ctx = seq_ctx[seq];
     const int key_begin = split * ECU_ATTN_SPLIT;
-    const int key_end = min(key_begin + ECU_ATTN_SPLIT, ctx);
+    const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[seq]);
     const int *table = block_tables + (size_t)seq * max_blocks;
     const size_t kv_row = (size_t)n_kv_head * HD;
+    const int wbase = key_begin + warp * 32, key = wbase + lane;
+    const bool valid = key < key_end;
+    const int pos = valid ? table[key / block_size] * block_size + key % block_size : 0;
+    const T *kr = k_cache + (size_t)pos * kv_row + (size_t)kvh * HD;
+    ecu_pdl_wait(); /* the cache rows of this step and q are written by the kernels before */
+
+    /* q.k: lane = one cache position. With 1- and 2-byte caches the whole K row is loaded
+       before q is staged, so the two round trips overlap (an fp32 row would need 128
+       registers: it is loaded as it is used) */
+    constexpr bool PRE = sizeof(T) <= 2;
+    s_k8<T> kraw[PRE ? HD / 8 : 1];
+    if (PRE && valid) {
+#pragma unroll
+        for (int i = 0; i < (PRE ? HD / 8 : 0); i++)
+            s_k8_load(kraw[i], kr + 8 * i);
+    }
     for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x)
         qs[idx / HD][idx % HD] =
             q[((size_t)tok * n_head + kvh * G + idx / HD) * HD + idx % HD] * scale;
     __syncthreads();
-
-    /* q.k: lane = one cache position */
-    const int wbase = key_begin + warp * 32, key = wbase + lane;
-    const bool valid = key < key_end;
-    size_t off = 0;
     float sc[G];
 #pragma unroll
     for (int g = 0; g < G; g++)
         sc[g] = 0.0f;
     if (valid) {
-        off = ((size_t)table[key / block_size] * block_size + key % block_size) * kv_row +
-              (size_t)kvh * HD;
-        const T *kr = k_cache + off;
-        /* the whole row's loads in flight at once: at batch 1 a block's time is its chain of
-           dependent memory round trips, not bandwidth */
 #pragma unroll
         for (int d = 0; d < HD; d += 8) {
             float kf[8];
-            s_ld8(kr + d, kf);
+            if constexpr (PRE)
+                s_k8_widen(kraw[d / 8], kf);
+            else
+                s_ld8(kr + d, kf);
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 const float4 a = *(const float4 *)&qs[g][d], b = *(const float4 *)&qs[g][d + 4];
@@ -390,7 +468,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         l[g] = ecu_warp_sum(pr[g]);
     }
 
-    /* p.v: lane = PER head dimensions; rows of V read whole by the warp */
+    /* p.v: lane = PER head dimensions; rows of V read whole by the warp. A full warp of 1-
+       or 2-byte rows issues all 32 rows' loads before the first is used (one round trip, not
+       four); the same sums in the same order as the row-by-row loop of the rest. */
     float o[G][PER];
 #pragma unroll
     for (int g = 0; g < G; g++)
@@ -398,18 +478,25 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         for (int e = 0; e < PER; e++)
             o[g][e] = 0.0f;
     const int nvalid = max(0, min(32, key_end - wbase));
-#pragma unroll 8
-    for (int j = 0; j < nvalid; j++) {
-        size_t oj = __shfl_sync(0xffffffffu, off, j);
-        float vf[PER];
-        s_ldp<PER>(v_cache + oj + lane * PER, vf);
+    const T *vc = v_cache + (size_t)kvh * HD + lane * PER;
+    int j0 = 0;
+    if constexpr (PRE) {
+        if (nvalid == 32) {
+            s_vp<PER, T> vraw[32];
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-            float pj = __shfl_sync(0xffffffffu, pr[g], j);
+            for (int j = 0; j < 32; j++)
+                s_vp_load(vraw[j], vc + (size_t)__shfl_sync(0xffffffffu, pos, j) * kv_row);
 #pragma unroll
-            for (int e = 0; e < PER; e++)
-                o[g][e] += pj * vf[e];
+            for (int j = 0; j < 32; j++)
+                s_pv_acc<G, PER, T>(o, vraw[j], pr, j);
+            j0 = 32;
         }
+    }
+#pragma unroll 8
+    for (int j = j0; j < nvalid; j++) {
+        s_vp<PER, T> raw;
+        s_vp_load(raw, vc + (size_t)__shfl_sync(0xffffffffu, pos, j) * kv_row);
+        s_pv_acc<G, PER, T>(o, raw, pr, j);
     }
 #pragma unroll
     for (int g = 0; g < G; g++) {
@@ -443,35 +530,46 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     }
 }
 
+#define ECU_ATTN_CHUNK 128 /* splits whose weights the combine holds in shared memory at once */
+
+/* One block (blockDim.x = head_dim, a multiple of 32) per (token, head): the max over the
+   token's splits, then each chunk of splits' weights exp(m_i - max) once into shared memory
+   (not once per dimension), the weighted partials summed in split order and normalised by
+   the sum of l_i * weight_i (a block sum: fixed order for a given number of splits). */
 static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f32 */,
                                              const float *part_o /* (n_parts, n_head, hd) */,
                                              const float2 *part_ml /* (n_parts, n_head) */,
                                              const int *tok_part, const int *tok_nsplit,
                                              int n_head, int head_dim)
 {
+    __shared__ float wt[ECU_ATTN_CHUNK], red[32];
     ecu_pdl_trigger();
+    const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const int base = tok_part[t], ns = tok_nsplit[t];
     ecu_pdl_wait();
-    int t = blockIdx.x, h = blockIdx.y;
-    int base = tok_part[t], ns = tok_nsplit[t];
     float mx = -INFINITY;
-    for (int i = 0; i < ns; i++)
+    for (int i = d; i < ns; i += blockDim.x)
         mx = fmaxf(mx, part_ml[(size_t)(base + i) * n_head + h].x);
-    float sum = 0.0f;
-    for (int i = 0; i < ns; i++) {
-        float2 ml = part_ml[(size_t)(base + i) * n_head + h];
-        sum += ml.x == -INFINITY ? 0.0f : ml.y * __expf(ml.x - mx);
-    }
-    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int i = 0; i < ns; i++) {
-            size_t pi = (size_t)(base + i) * n_head + h;
-            float mi = part_ml[pi].x;
-            if (mi != -INFINITY)
-                acc += part_o[pi * head_dim + d] * __expf(mi - mx);
+    mx = ecu_block_max(mx, red);
+    float sum = 0.0f, acc = 0.0f;
+    for (int c0 = 0; c0 < ns; c0 += ECU_ATTN_CHUNK) {
+        const int nc = min(ECU_ATTN_CHUNK, ns - c0);
+        __syncthreads(); /* the previous chunk's weights are used up */
+        for (int i = d; i < nc; i += blockDim.x) {
+            const float2 ml = part_ml[(size_t)(base + c0 + i) * n_head + h];
+            const float w = ml.x == -INFINITY ? 0.0f : __expf(ml.x - mx);
+            wt[i] = w;
+            sum += ml.y * w;
         }
-        out[((size_t)t * n_head + h) * head_dim + d] = acc * inv;
+        __syncthreads();
+        const float *po = part_o + ((size_t)(base + c0) * n_head + h) * head_dim + d;
+        const size_t stride = (size_t)n_head * head_dim;
+#pragma unroll 4
+        for (int i = 0; i < nc; i++)
+            acc += po[i * stride] * wt[i];
     }
+    sum = ecu_block_sum(sum, red);
+    out[((size_t)t * n_head + h) * head_dim + d] = sum > 0.0f ? acc / sum : 0.0f;
 }
 
 template <int HD, int RPW, typename T>

@@ -484,12 +484,16 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* programmatic dependent launch needs sm_90; ANVIL_CUDA_PDL=0 turns it off (A/B) */
         const char *pdl = getenv("ANVIL_CUDA_PDL");
         st->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
-        /* ANVIL_CUDA_SAMPLE_BLOCKS=8: a cluster of 8 blocks samples each row (sm_90) */
+        /* blocks a row of the sampler: 0 = by batch (a cluster of 8 on sm_90 while the
+           rows' clusters fit in two blocks an SM, see ecu_sample); ANVIL_CUDA_SAMPLE_BLOCKS=1
+           or 8 fixes it (A/B) */
         const char *sb = getenv("ANVIL_CUDA_SAMPLE_BLOCKS");
-        st->sample_blocks = 1;
+        st->sample_blocks = prop.major >= 9 ? 0 : 1;
         if (sb && atoi(sb) == ECU_SM_CLUSTER && prop.major >= 9)
             st->sample_blocks = ECU_SM_CLUSTER;
-        else if (sb && atoi(sb) != 1)
+        else if (sb && atoi(sb) == 1)
+            st->sample_blocks = 1;
+        else if (sb)
             ANV_WARN("cuda backend: ANVIL_CUDA_SAMPLE_BLOCKS=%s ignored (1, or %d on sm_90+)", sb,
                      ECU_SM_CLUSTER);
     }
@@ -527,9 +531,11 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->rope_kv_store = ecu_rope_kv_store;
     be->swiglu_fused = ecu_swiglu_fused;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, sampler %d block(s) a row",
-             prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
-             st->pdl ? "on" : "off", st->sample_blocks);
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, sampler %s", prop.name,
+             st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
+             st->pdl ? "on" : "off",
+             st->sample_blocks == 0 ? "8 blocks a row up to 2 x SMs / 8 rows, then 1"
+             : st->sample_blocks == 1 ? "1 block a row" : "8 blocks a row");
     return be;
 fail:
     s_destroy(&be);

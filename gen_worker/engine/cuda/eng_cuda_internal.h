@@ -104,8 +104,8 @@ typedef struct {
     int *block_tables;  /* (n_seq, max_blocks) device */
 } ecu_attn_plan_t;
 
-/* Blocks (one thread-block cluster) that sample one row when ANVIL_CUDA_SAMPLE_BLOCKS=8
-   (softmax.cu); the default is one block a row. */
+/* Blocks (one thread-block cluster) that sample one row at small batch, or always with
+   ANVIL_CUDA_SAMPLE_BLOCKS=8 (softmax.cu). */
 #define ECU_SM_CLUSTER 8
 
 #define ECU_LT_CACHE 64
@@ -145,7 +145,7 @@ typedef struct {
     ecu_buf_t part_o, part_ml;  /* attention partials */
 
     /* sampling */
-    int sample_blocks;          /* blocks a row: 1, or ECU_SM_CLUSTER (a cluster, sm_90) */
+    int sample_blocks;          /* blocks a row: 1, ECU_SM_CLUSTER (sm_90), 0 = by batch */
     ecu_buf_t samp_params;      /* device copy of params */
     ecu_buf_t samp_out;         /* (n) {token, logprob} device */
     ecu_buf_t samp_host;        /* pinned staging for params and results */

@@ -4,12 +4,16 @@ anvil-bench-engine at one batch size, profiled by Nsight Compute, with its durat
 bytes, so the gap to the memory-bandwidth limit can be assigned to kernels (slow ones) or to
 the time between them (launches, host work).
 
-    ncu_step.py --bench anvil-bench-engine --out DIR [--batch 1] [--ncu ncu]
+    ncu_step.py --bench anvil-bench-engine --out DIR [--batch 1] [--ctx-len 0] [--ncu ncu]
     ncu_step.py --csv FILE            (summarise an existing `ncu --csv` file)
 
-The bench runs with graphs off (the kernels are the same), prompt 512, 6 new tokens. A step
+The bench runs with graphs off (the kernels are the same), prompt 512, 6 new tokens; with
+--ctx-len L it runs the bench's decode_ctx instead (--batch sequences whose KV already holds L
+positions, 3 new tokens): the batch-256 at 2k step, without a 2k-token prefill under the
+profiler. A step
 ends with the lm_head product, the kernel with the widest grid of the step (vocab rows); the
-summary covers the kernels after the second-to-last such kernel up to the last one. It prints
+summary covers the kernels after the second-to-last such kernel up to the last one (the
+sampling kernel delimits steps instead wherever it shows, see last_step). It prints
 one line per kernel and grid (name, count, us, MB read+written, GB/s) and a total: the sum of kernel
 times, the bytes, their rate, and the bench's own ms/step with graphs off for the same batch
 (from a second, unprofiled run) so that the difference is the time between kernels.
@@ -61,11 +65,16 @@ def grid_blocks(g):
 
 
 def last_step(kernels):
-    """The kernels of the last full step: between the last two widest-grid kernels."""
+    """The kernels of the last full step: after the second-to-last sampling kernel (one per
+    step, its last kernel) up to the last one; without sampling kernels, between the last two
+    widest-grid kernels (at batch 256 the widest is attention, once a layer, so the sampler
+    is the delimiter wherever it shows)."""
     if not kernels:
         return []
-    widest = max(grid_blocks(k["grid"]) for k in kernels)
-    ends = [i for i, k in enumerate(kernels) if grid_blocks(k["grid"]) == widest]
+    ends = [i for i, k in enumerate(kernels) if "s_sample_kernel" in k["name"]]
+    if len(ends) < 2:
+        widest = max(grid_blocks(k["grid"]) for k in kernels)
+        ends = [i for i, k in enumerate(kernels) if grid_blocks(k["grid"]) == widest]
     if len(ends) < 2:
         return kernels[ends[-1]:] if ends else kernels
     return kernels[ends[-2] + 1:ends[-1] + 1]
@@ -107,6 +116,7 @@ def main():
     ap.add_argument("--bench")
     ap.add_argument("--out")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--ctx-len", type=int, default=0)
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--csv", help="summarise this ncu --csv output instead of running")
     a = ap.parse_args()
@@ -116,10 +126,18 @@ def main():
     if not a.bench or not a.out:
         ap.error("--bench and --out are needed (or --csv)")
     os.makedirs(a.out, exist_ok=True)
-    args = [a.bench, "--batches", str(a.batch), "--prompt", "512", "--new", "6", "--ctx-batch",
-            "0", "--grpo-prompts", "0"]
+    if a.ctx_len > 0:
+        args = [a.bench, "--batches", "none", "--ctx-batch",
+                str(a.batch), "--ctx-len", str(a.ctx_len), "--ctx-new", "3", "--grpo-prompts", "0"]
+        line = r"decode_ctx batch=%d\s.*?ms_step=([\d.]+)" % a.batch
+        tag = "batch%d_ctx%d" % (a.batch, a.ctx_len)
+    else:
+        args = [a.bench, "--batches", str(a.batch), "--prompt", "512", "--new", "6",
+                "--ctx-batch", "0", "--grpo-prompts", "0"]
+        line = r"decode batch=%d\s.*?ms_step=([\d.]+)" % a.batch
+        tag = "batch%d" % a.batch
     plain = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    m = re.search(r"decode batch=%d\s.*?ms_step=([\d.]+)" % a.batch, plain.stdout)
+    m = re.search(line, plain.stdout)
     ms_step = float(m.group(1)) if m else None
     # the GPU's own clocks (ncu locks them to base by default, which makes the small,
     # latency-bound kernels read far slower than they run); caches are still flushed before
@@ -127,14 +145,14 @@ def main():
     p = subprocess.run([a.ncu, "--csv", "--clock-control", "none", "--metrics", METRICS] + args,
                        capture_output=True,
                        text=True, timeout=900)
-    with open(os.path.join(a.out, "ncu_batch%d.csv" % a.batch), "w") as f:
+    with open(os.path.join(a.out, "ncu_%s.csv" % tag), "w") as f:
         f.write(p.stdout)
     if p.returncode != 0:
         print("ncu_step: ncu exited %d: %s" % (p.returncode, p.stderr[-1500:]))
         return 1
-    with open(os.path.join(a.out, "ncu_batch%d.txt" % a.batch), "w") as f:
+    with open(os.path.join(a.out, "ncu_%s.txt" % tag), "w") as f:
         rc = summarise(parse(p.stdout), ms_step, f)
-    with open(os.path.join(a.out, "ncu_batch%d.txt" % a.batch)) as f:
+    with open(os.path.join(a.out, "ncu_%s.txt" % tag)) as f:
         sys.stdout.write(f.read())
     return rc
 
