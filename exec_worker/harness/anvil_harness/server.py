@@ -12,7 +12,7 @@ says {"event": "ready"} on the reply pipe. CUDA is not touched until a command n
                                              -> {load_ms} | {error, tb, phase: compile}
   trials  {seeds, modes, dump}               -> {launches, mutated, first_ms, ms}
   time    {seeds, warmup, flush_l2, dump_at, spin_us}
-                                             -> {host_ms, dev_ms}
+                                             -> {host_ms, dev_ms, launch_ms}
   dump    {path, sample?: {count, seed}}     -> {leaves} | error when nothing is kept
   profile {seed}                             -> {gpu_share, kernels}
   env     {}                                 -> {gpu, driver, torch, triton, clocks}
@@ -36,6 +36,7 @@ elements at indices drawn from seed (chosen by the worker after the calls, the s
 sides) plus its shape: a 256 MiB output costs a 256 KiB file, and a call that skipped its work
 still differs in almost every sampled element.
 """
+import gc
 import json
 import os
 import sys
@@ -296,40 +297,53 @@ def _keep(out):
 
 
 def cmd_time(msg):
-    host, dev = [], []
+    """The timed calls. Python's cyclic collector is off during them (a collection inside a
+    call's host path delays its launches past the spin); launch_ms is each call's host time
+    from the spin's launch to the call's return, before the end event: above the spin it says
+    the GPU waited for the host inside the interval the events measured."""
+    host, dev, launch = [], [], []
     cuda = S.device.startswith("cuda")
     S.kept = None
     spin = int(msg.get("spin_us", 0) * S.spin_rate) if cuda and _sleep is not None else 0
-    for _ in range(msg.get("warmup", 0)):
-        out = S.runner.call(_same_buffers(S.runner.make_inputs(msg["seeds"][0])))
-        _sync()
-        del out
-    dump_at = msg.get("dump_at", -1)
-    for i, seed in enumerate(msg["seeds"]):
-        inputs = _same_buffers(S.runner.make_inputs(seed))
-        if cuda and msg.get("flush_l2", True) and S.flush is not None:
-            S.flush.zero_()
-        _sync()
-        if cuda:
-            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-            h0 = _perf_ns()
-            if spin > 0:
-                _sleep(spin)
-            _event_record(start)
-            out = S.runner.call(inputs)
-            _event_record(end)
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(msg.get("warmup", 0)):
+            out = S.runner.call(_same_buffers(S.runner.make_inputs(msg["seeds"][0])))
             _sync()
-            h1 = _perf_ns()
-            dev.append(_event_elapsed(start, end))
-        else:
-            h0 = _perf_ns()
-            out = S.runner.call(inputs)
-            h1 = _perf_ns()
-        host.append((h1 - h0) / 1e6)
-        if i == dump_at:
-            S.kept = _keep(out)
-        del out, inputs
-    return {"host_ms": host, "dev_ms": dev if cuda else None}
+            del out
+        dump_at = msg.get("dump_at", -1)
+        for i, seed in enumerate(msg["seeds"]):
+            inputs = _same_buffers(S.runner.make_inputs(seed))
+            if cuda and msg.get("flush_l2", True) and S.flush is not None:
+                S.flush.zero_()
+            _sync()
+            if cuda:
+                start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+                h0 = _perf_ns()
+                if spin > 0:
+                    _sleep(spin)
+                _event_record(start)
+                out = S.runner.call(inputs)
+                hl = _perf_ns()
+                _event_record(end)
+                _sync()
+                h1 = _perf_ns()
+                dev.append(_event_elapsed(start, end))
+                launch.append((hl - h0) / 1e6)
+            else:
+                h0 = _perf_ns()
+                out = S.runner.call(inputs)
+                h1 = _perf_ns()
+            host.append((h1 - h0) / 1e6)
+            if i == dump_at:
+                S.kept = _keep(out)
+            del out, inputs
+    finally:
+        if gc_was:
+            gc.enable()
+    return {"host_ms": host, "dev_ms": dev if cuda else None,
+            "launch_ms": launch if cuda else None}
 
 
 def cmd_dump(msg):

@@ -10,6 +10,10 @@ dtype codes are shared with exec_worker/exec_tensor.h. Scalars become 0-d record
 UTF-8 bytes, None has no data. Complex tensors are written as their real view (an extra
 trailing dimension of 2). Other dtypes (float8, ...) are widened to float32 and keep their own
 code so a dtype change is still seen.
+
+A CUDA leaf reaches the host through one pinned staging buffer per process, grown as needed
+and reused by every record (the write of a record ends before the next is staged): a 256 MiB
+output is copied at the link's rate instead of into freshly allocated pageable memory.
 """
 import struct
 
@@ -50,6 +54,24 @@ def flatten(obj, prefix="", out=None, depth=0):
     return out
 
 
+_stage = None  # pinned host bytes for device-to-host copies (see the module's docstring)
+
+
+def _to_host(t):
+    """A contiguous CPU tensor with t's values: t itself when already there, else a view of
+    the staging buffer, valid until the next call."""
+    global _stage
+    if t.device.type != "cuda":
+        return t.contiguous()
+    n = t.numel() * t.element_size()
+    if _stage is None or _stage.numel() < n:
+        _stage = None  # the old buffer is released before the larger one is pinned
+        _stage = torch.empty(max(n, 1 << 20), dtype=torch.uint8, pin_memory=True)
+    host = _stage[:n].view(t.dtype).view(t.shape)
+    host.copy_(t)  # blocking: the bytes are on the host when this returns
+    return host
+
+
 def _record(key, leaf):
     """Returns (head, data, pad) of one record; data is a memoryview of the leaf's CPU bytes
     (no copy for a CPU tensor that is already contiguous)."""
@@ -71,11 +93,11 @@ def _record(key, leaf):
         if code is None:
             raise TypeError(f"unsupported dtype {t.dtype} at '{key}'")
         shape = tuple(t.shape)
-        t = t.to("cpu").contiguous()
         if code in (C64, C128):
-            t = torch.view_as_real(t).contiguous()
+            t = torch.view_as_real(t)
         elif code in (F8_E4M3, F8_E5M2):
             t = t.float()
+        t = _to_host(t)
         data = memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b""
     n = len(data)
     head = struct.pack("<IIIIQ", MAGIC, code, len(shape), len(kb), n)

@@ -19,9 +19,9 @@
     context buckets; the tiles that do run compute exactly what the ordinary plan computes.
     The decode and combine kernels are launched with PDL (see eng_cuda_internal.h); the decode
     kernel reads its tile, context and block-table entry before the PDL wait (the plan is
-    uploaded before a step's first kernel), issues its whole K row (1- and 2-byte caches) before
-    staging q, and a full warp's 32 V rows before the first is used; the combine computes each
-    split's weight once into shared memory.
+    uploaded before a step's first kernel), issues its whole K row (fp8) before staging q, and
+    a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
+    combine computes each split's weight once into shared memory.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -425,10 +425,11 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     const T *kr = k_cache + (size_t)pos * kv_row + (size_t)kvh * HD;
     ecu_pdl_wait(); /* the cache rows of this step and q are written by the kernels before */
 
-    /* q.k: lane = one cache position. With 1- and 2-byte caches the whole K row is loaded
-       before q is staged, so the two round trips overlap (an fp32 row would need 128
-       registers: it is loaded as it is used) */
-    constexpr bool PRE = sizeof(T) <= 2;
+    /* q.k: lane = one cache position. An fp8 K row (32 registers) is loaded whole before q
+       is staged, so the two round trips overlap; wider rows are loaded as they are used (a
+       preloaded bf16 row took the kernel to 168 registers, 3 blocks an SM: batch 256 at 2k
+       slowed from 28.5 to 31.0 ms of attention a step on the H200) */
+    constexpr bool PRE = sizeof(T) == 1;
     s_k8<T> kraw[PRE ? HD / 8 : 1];
     if (PRE && valid) {
 #pragma unroll
@@ -469,8 +470,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     }
 
     /* p.v: lane = PER head dimensions; rows of V read whole by the warp. A full warp of 1-
-       or 2-byte rows issues all 32 rows' loads before the first is used (one round trip, not
-       four); the same sums in the same order as the row-by-row loop of the rest. */
+       or 2-byte rows issues its rows' loads in batches of VB before the first is used (one or
+       two round trips, not four); the same sums in the same order as the row-by-row loop of
+       the rest. */
     float o[G][PER];
 #pragma unroll
     for (int g = 0; g < G; g++)
@@ -480,15 +482,21 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     const int nvalid = max(0, min(32, key_end - wbase));
     const T *vc = v_cache + (size_t)kvh * HD + lane * PER;
     int j0 = 0;
-    if constexpr (PRE) {
+    if constexpr (sizeof(T) <= 2) {
+        /* VB rows in flight at once: 32 rows of fp8 or 16 of bf16, 32 registers either way */
+        constexpr int VB = sizeof(T) == 1 ? 32 : 16;
         if (nvalid == 32) {
-            s_vp<PER, T> vraw[32];
 #pragma unroll
-            for (int j = 0; j < 32; j++)
-                s_vp_load(vraw[j], vc + (size_t)__shfl_sync(0xffffffffu, pos, j) * kv_row);
+            for (int jb = 0; jb < 32; jb += VB) {
+                s_vp<PER, T> vraw[VB];
 #pragma unroll
-            for (int j = 0; j < 32; j++)
-                s_pv_acc<G, PER, T>(o, vraw[j], pr, j);
+                for (int j = 0; j < VB; j++)
+                    s_vp_load(vraw[j],
+                              vc + (size_t)__shfl_sync(0xffffffffu, pos, jb + j) * kv_row);
+#pragma unroll
+                for (int j = 0; j < VB; j++)
+                    s_pv_acc<G, PER, T>(o, vraw[j], pr, jb + j);
+            }
             j0 = 32;
         }
     }
