@@ -52,6 +52,12 @@ bool exec_proc_poll_ready(exec_proc_t *self);
    Returns 0 with *reply (caller owns), ANV_ETIMEOUT, -EPIPE (died or closed the pipe) or
    ANV_EPROTO (unparsable or oversized reply). */
 int exec_proc_call(exec_proc_t *self, cJSON *cmd, int timeout_ms, cJSON **reply);
+/* exec_proc_call in two halves, so that two processes can work at once: send returns the
+   command's id (> 0) or -EPIPE / -ENOMEM without waiting; recv waits for the reply to that
+   id (0, ANV_ETIMEOUT, -EPIPE or ANV_EPROTO, as above), skipping any other line. The process
+   answers its commands in order, so several may be sent before their replies are read. */
+long exec_proc_send(exec_proc_t *self, cJSON *cmd);
+int exec_proc_recv(exec_proc_t *self, long id, int timeout_ms, cJSON **reply);
 /* SIGKILL to the process group, then reap (bounded wait). Idempotent. */
 void exec_proc_kill(exec_proc_t *self);
 bool exec_proc_alive(exec_proc_t *self);
