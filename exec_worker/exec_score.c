@@ -1,21 +1,28 @@
 /*  exec_score.c - one evaluation, phase by phase (see exec_score.h).
 
-    Design: every exchange with a sandboxed process goes through s_call(), which turns a
-    timeout, a death or a harness-side exception into the candidate's status; the reference
-    process failing is the only path that returns an error to the caller. Secrets (seeds) come
-    from getrandom() per evaluation and are never reused. The candidate's process is killed
-    at the end of every evaluation whatever happened. A timing round is one `time` command per
-    side (the worker's clock around each is the external check on the time the side reports),
-    then one `dump` per side, which writes the output that side kept from a secretly chosen
-    iteration, outside that clock; then the worker compares the two files. A round times
-    --batch calls per side until a round's check (dumps and compare) costs more than its calls,
-    as with large outputs; later rounds then time more calls, keeping at least S_MIN_CHECKS
-    rounds over --max-iters (timing.rounds in the result says how many ran). A round's
-    compared output is, for each leaf larger than --check-sample elements, that many elements
-    at indices the worker draws after the calls (the same on both sides) plus the leaf's shape:
-    a 256 MiB output is checked through a 256 KiB file, and a call that skipped or faked its
-    work differs in nearly every sampled element. The trials and the check after timing still
-    compare whole outputs.
+    Design: every exchange with the candidate's process goes through s_cand_call(), which
+    turns a timeout, a death or a harness-side exception into the candidate's status; every
+    exchange with the reference's goes through s_ref_check(), and its failure means the task
+    cannot be scored: that, no warm interpreter and an unreadable reference output are the only
+    errors returned to the caller. The two processes work at once in one place only, by the
+    order of the commands (the worker is single-threaded): the reference's trials are sent
+    before the candidate's load, and their reply is collected after the candidate's trials by
+    s_ref_trials_collect(), which every way out of s_score() after the send also passes
+    through, so that the reference is idle (or killed) when an evaluation ends. A reference
+    failure found there replaces the candidate's verdict, whatever it was. Secrets (seeds)
+    come from getrandom() per evaluation and are never reused. The candidate's process is
+    killed at the end of every evaluation whatever happened. A timing round is one `time`
+    command per side (the worker's clock around each is the external check on the time the
+    side reports), then one `dump` per side, which writes the output that side kept from a
+    secretly chosen iteration, outside that clock; then the worker compares the two files. A
+    round times --batch calls per side until a round's check (dumps and compare) costs more
+    than its calls, as with large outputs; later rounds then time more calls, keeping at least
+    S_MIN_CHECKS rounds over --max-iters (timing.rounds in the result says how many ran). A
+    round's compared output is, for each leaf larger than --check-sample elements, that many
+    elements at indices the worker draws after the calls (the same on both sides) plus the
+    leaf's shape: a 256 MiB output is checked through a 256 KiB file, and a call that skipped
+    or faked its work differs in nearly every sampled element. The trials and the check after
+    timing still compare whole outputs. Timing starts only once both sides are idle.
 */
 #define _GNU_SOURCE
 #include "exec_score.h"
@@ -237,12 +244,12 @@ static int s_ref_ensure(exec_scorer_t *self, exec_result_t *out)
     return 0;
 }
 
-/* A call to the reference process; any failure means the task cannot be scored. */
-static int s_ref_call(exec_scorer_t *self, cJSON *cmd, int timeout_s, exec_result_t *out,
-                      cJSON **reply)
+/* The outcome of an exchange with the reference process (rc of exec_proc_call, or of its
+   send or recv half, and *reply): any failure means the task cannot be scored. It sets
+   EXEC_ST_NONE and returns non-zero; a reference that did not answer is killed (the next
+   evaluation starts another). */
+static int s_ref_check(exec_scorer_t *self, int rc, exec_result_t *out, cJSON **reply)
 {
-    int rc = exec_proc_call(self->ref, cmd, timeout_s * 1000, reply);
-    cJSON_Delete(cmd);
     if (rc != 0) {
         exec_result_set(out, EXEC_ST_NONE, "reference interpreter failed: %s (%s)",
                         anv_strerror(rc), exec_proc_exit_desc(self->ref));
@@ -259,6 +266,15 @@ static int s_ref_call(exec_scorer_t *self, cJSON *cmd, int timeout_s, exec_resul
         return ANV_EINTERNAL;
     }
     return 0;
+}
+
+/* A call to the reference process (cmd taken), checked by s_ref_check. */
+static int s_ref_call(exec_scorer_t *self, cJSON *cmd, int timeout_s, exec_result_t *out,
+                      cJSON **reply)
+{
+    int rc = exec_proc_call(self->ref, cmd, timeout_s * 1000, reply);
+    cJSON_Delete(cmd);
+    return s_ref_check(self, rc, out, reply);
 }
 
 static void s_add_task(cJSON *c, const exec_task_t *task, const char *device, double init_seed)
@@ -666,6 +682,57 @@ static void s_phase(exec_result_t *out, exec_phase_t ph, uint64_t *t)
     *t = now;
 }
 
+/* The reference's trials: sent before the candidate loads, collected after its trials (or
+   wherever the evaluation ends before), so that both processes work at once. */
+typedef struct {
+    long id;                    /* the command's id while its reply is outstanding, else 0 */
+    uint64_t deadline;          /* anv_now_ms() by which the reply must have come */
+    bool mutates[S_MAX_TRIALS]; /* per trial, once collected: the reference modified inputs */
+} s_ref_trials_t;
+
+/* Sends the reference's trials (cmd taken) without waiting for them; timeout_s bounds them
+   from now. 0, or non-zero as s_ref_check. */
+static int s_ref_trials_send(exec_scorer_t *self, cJSON *cmd, int timeout_s, s_ref_trials_t *rt,
+                             exec_result_t *out)
+{
+    long id = exec_proc_send(self->ref, cmd);
+    cJSON_Delete(cmd);
+    if (id < 0) {
+        cJSON *none = NULL;
+        return s_ref_check(self, (int)id, out, &none);
+    }
+    rt->id = id;
+    rt->deadline = anv_now_ms() + (uint64_t)timeout_s * 1000;
+    return 0;
+}
+
+/* Waits for the reference's trials to answer, when they are outstanding, until their
+   deadline (phase ref_wait; *t_ph becomes its end). After it the reference is idle or killed,
+   so no reply of this evaluation reaches the next one and no file of its trials appears after
+   exec_scorer_score() has removed them. 0, or non-zero as s_ref_check: the reference's
+   failure replaces whatever verdict out holds, since a verdict against a reference that
+   failed means nothing. */
+static int s_ref_trials_collect(exec_scorer_t *self, s_ref_trials_t *rt, int n,
+                                exec_result_t *out, uint64_t *t_ph)
+{
+    if (rt->id == 0)
+        return 0;
+    uint64_t now = anv_now_ms();
+    cJSON *rep = NULL;
+    *t_ph = anv_now_ns(); /* the wait alone: not the rest of a phase the candidate failed in */
+    int rc = exec_proc_recv(self->ref, rt->id, rt->deadline > now ? (int)(rt->deadline - now) : 0,
+                            &rep);
+    rt->id = 0;
+    if ((rc = s_ref_check(self, rc, out, &rep)) == 0) {
+        const cJSON *m = cJSON_GetObjectItem(rep, "mutated");
+        for (int i = 0; i < n; i++)
+            rt->mutates[i] = cJSON_IsTrue(cJSON_GetArrayItem(m, i));
+    }
+    cJSON_Delete(rep);
+    s_phase(out, EXEC_PH_REF_WAIT, t_ph);
+    return rc;
+}
+
 /* One evaluation's settings and secrets, shared by its phases. */
 typedef struct {
     const exec_task_t *task;
@@ -871,7 +938,8 @@ static int s_score(exec_scorer_t *self, const exec_task_t *task, const char *cod
     cJSON *rep = NULL, *c;
     exec_proc_t *cand = NULL;
     s_cand_trials_t ct = {0};
-    int err = 0;
+    s_ref_trials_t rt = {0};
+    int err = 0, rc;
     exec_tol_t tol;
     exec_tol_default(&tol);
     exec_tol_override(&tol, spec->atol, spec->rtol);
@@ -882,35 +950,35 @@ static int s_score(exec_scorer_t *self, const exec_task_t *task, const char *cod
     if (s_static(self, &ev, out, &t_ph, &err) != S_OK)
         goto done;
 
-    /* reference first: trials + 1 outputs (the last is the check after timing) */
+    /* the reference's load, then its trials + 1 outputs (the last is the check after
+       timing), which run while the candidate loads and runs its own */
     c = s_cmd("load");
     s_add_task(c, task, ev.device, ev.init_seed);
     if ((err = s_ref_call(self, c, spec->compile_timeout_s, out, &rep)) != 0)
         return err;
     cJSON_Delete(rep);
-    if ((err = s_ref_call(self, s_trials_cmd(ev.seeds, ev.trials + 1, 0, self->ref, "ref", ev.kb),
-                          spec->run_timeout_s, out, &rep)) != 0)
+    if ((err = s_ref_trials_send(self,
+                                 s_trials_cmd(ev.seeds, ev.trials + 1, 0, self->ref, "ref", ev.kb),
+                                 spec->run_timeout_s, &rt, out)) != 0)
         return err;
-    bool ref_mutates[S_MAX_TRIALS] = {false};
-    const cJSON *rm = cJSON_GetObjectItem(rep, "mutated");
-    for (int i = 0; i <= ev.trials; i++)
-        ref_mutates[i] = cJSON_IsTrue(cJSON_GetArrayItem(rm, i));
-    cJSON_Delete(rep);
     s_phase(out, EXEC_PH_REF, &t_ph);
 
     /* the candidate, in a fresh warm interpreter */
     cand = exec_pool_take(self->pool, self->cfg.ready_timeout_s * 1000, &out->wait_ms);
     if (!cand) {
         exec_result_set(out, EXEC_ST_NONE, "no warm interpreter became ready");
-        return ANV_EINTERNAL;
+        err = ANV_EINTERNAL;
+        goto done;
     }
     if (s_cand_trials(cand, &ev, out, &ct, &t_ph) != S_OK)
+        goto done;
+    if ((err = s_ref_trials_collect(self, &rt, ev.trials + 1, out, &t_ph)) != 0)
         goto done;
     s_degen_t dg = {true, true, true, false};
     if (s_compare_trials(self->ref, cand, 0, ev.trials, &tol, out, &dg, "", &err) != S_OK)
         goto done;
     s_phase(out, EXEC_PH_COMPARE, &t_ph);
-    if (s_trials_verdict(&ev, &ct, ref_mutates, &dg, out) != S_OK)
+    if (s_trials_verdict(&ev, &ct, rt.mutates, &dg, out) != S_OK)
         goto done;
 
     /* timing, then the check after timing */
@@ -922,6 +990,10 @@ static int s_score(exec_scorer_t *self, const exec_task_t *task, const char *cod
     exec_result_set(out, EXEC_ST_CORRECT, "%s", "");
     out->speedup = out->cand_ms > 0 ? out->ref_ms / out->cand_ms : NAN;
 done:
+    /* whatever ended the evaluation, the reference's trials are not left running */
+    rc = s_ref_trials_collect(self, &rt, ev.trials + 1, out, &t_ph);
+    if (rc != 0)
+        err = rc;
     if (cand && exec_proc_alive(cand))
         s_env(cand, ev.device, out);
     else if (self->ref_ready) {
