@@ -278,9 +278,8 @@ bool exec_proc_is_ready(const exec_proc_t *self)
     return self->ready;
 }
 
-int exec_proc_call(exec_proc_t *self, cJSON *cmd, int timeout_ms, cJSON **reply)
+long exec_proc_send(exec_proc_t *self, cJSON *cmd)
 {
-    *reply = NULL;
     long id = ++self->next_id;
     cJSON_DeleteItemFromObject(cmd, "id");
     cJSON_AddNumberToObject(cmd, "id", (double)id);
@@ -289,7 +288,6 @@ int exec_proc_call(exec_proc_t *self, cJSON *cmd, int timeout_ms, cJSON **reply)
         return -ENOMEM;
     size_t n = strlen(text), off = 0;
     text[n++] = '\n'; /* cJSON's buffer has room: the terminating NUL is replaced */
-    uint64_t deadline = anv_now_ms() + (uint64_t)timeout_ms;
     while (off < n) {
         ssize_t w = write(self->cmd_fd, text + off, n - off);
         if (w < 0 && errno == EINTR)
@@ -301,6 +299,13 @@ int exec_proc_call(exec_proc_t *self, cJSON *cmd, int timeout_ms, cJSON **reply)
         off += (size_t)w;
     }
     free(text);
+    return id;
+}
+
+int exec_proc_recv(exec_proc_t *self, long id, int timeout_ms, cJSON **reply)
+{
+    *reply = NULL;
+    uint64_t deadline = anv_now_ms() + (uint64_t)timeout_ms;
     for (;;) {
         char *line = NULL;
         int rc = s_next_line(self, deadline, &line);
@@ -315,8 +320,19 @@ int exec_proc_call(exec_proc_t *self, cJSON *cmd, int timeout_ms, cJSON **reply)
             *reply = j;
             return 0;
         }
-        cJSON_Delete(j); /* a stray or forged line: not the answer to this command */
+        /* a stray or forged line, or the reply to an earlier command nobody waits for any
+           more: not the answer to this one */
+        cJSON_Delete(j);
     }
+}
+
+int exec_proc_call(exec_proc_t *self, cJSON *cmd, int timeout_ms, cJSON **reply)
+{
+    *reply = NULL;
+    long id = exec_proc_send(self, cmd);
+    if (id < 0)
+        return (int)id;
+    return exec_proc_recv(self, id, timeout_ms, reply);
 }
 
 static void s_reap(exec_proc_t *self, int wait_ms)

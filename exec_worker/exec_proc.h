@@ -4,9 +4,9 @@
     pipe; it is the leader of its own session, so exec_proc_kill() takes the whole tree (under
     bubblewrap the tree is also a PID namespace that dies with its init). Its host directory
     io_dir is what it sees as /io. Replies are read with a deadline; a line over 4 MiB, bad
-    JSON, a reply with the wrong id, EOF or a timeout all end the exchange with an error the
-    caller turns into a status. The log pipe is drained into a 8 KiB ring whatever the
-    process prints. One exec_proc_t belongs to one thread.
+    JSON, EOF or a timeout end the exchange with an error the caller turns into a status, and
+    a line with another id than the command's is skipped. The log pipe is drained into a 8 KiB
+    ring whatever the process prints. One exec_proc_t belongs to one thread.
 */
 #ifndef EXEC_PROC_H
 #define EXEC_PROC_H
@@ -52,6 +52,15 @@ bool exec_proc_poll_ready(exec_proc_t *self);
    Returns 0 with *reply (caller owns), ANV_ETIMEOUT, -EPIPE (died or closed the pipe) or
    ANV_EPROTO (unparsable or oversized reply). */
 int exec_proc_call(exec_proc_t *self, cJSON *cmd, int timeout_ms, cJSON **reply);
+/* exec_proc_call in two halves, so that two processes can work at once: send returns the
+   command's id (> 0) or -EPIPE / -ENOMEM without waiting; recv waits for the reply to that
+   id (0, ANV_ETIMEOUT, -EPIPE or ANV_EPROTO, as above), skipping any other line. The process
+   answers its commands in order, so several may be sent before their replies are read; until
+   the last one's reply is read (or the process killed) it may still be working, writing its
+   files. Its log pipe is read only while the caller waits on it (or asks for its log tail):
+   one that prints more than the pipe holds in the meantime stalls until then. */
+long exec_proc_send(exec_proc_t *self, cJSON *cmd);
+int exec_proc_recv(exec_proc_t *self, long id, int timeout_ms, cJSON **reply);
 /* SIGKILL to the process group, then reap (bounded wait). Idempotent. */
 void exec_proc_kill(exec_proc_t *self);
 bool exec_proc_alive(exec_proc_t *self);

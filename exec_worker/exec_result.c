@@ -17,8 +17,8 @@
 #include <string.h>
 
 const char *const exec_phase_names[EXEC_PH_N] = {
-    "ref_start",   "static",         "ref",   "cand_load", "cand_trials", "compare", "timing",
-    "timing_dump", "timing_compare", "check", "profile"};
+    "ref_start", "static", "ref",         "cand_load",      "cand_trials", "ref_wait",
+    "compare",   "timing", "timing_dump", "timing_compare", "check",       "profile"};
 
 void exec_result_init(exec_result_t *r)
 {

@@ -30,13 +30,17 @@ typedef enum {
 /* Where an evaluation's wall time went (exec_result_json writes them as timing.phases): the
    per-candidate overhead beyond the timed work is read from these. The phases follow each
    other in order, except the two timing_* entries, which are parts of timing (set only when
-   timing completed). */
+   timing completed). The reference's trials run in its own process from the end of ref to
+   the end of ref_wait, beside cand_load and cand_trials: none of these phases is theirs alone.
+   A phase the evaluation failed in is not set, except ref_wait, which is set whenever the
+   reference's trials were sent. */
 typedef enum {
     EXEC_PH_REF_START,      /* starting the reference interpreter (0 when it is warm) */
     EXEC_PH_STATIC,         /* static checks in the reference interpreter */
-    EXEC_PH_REF,            /* reference load and its trials + 1 outputs */
+    EXEC_PH_REF,            /* reference load, and sending its trials + 1 outputs */
     EXEC_PH_CAND_LOAD,      /* waiting for a warm interpreter and loading the candidate */
     EXEC_PH_CAND_TRIALS,    /* the candidate's correctness trials (first call compiles) */
+    EXEC_PH_REF_WAIT,       /* then waiting for the reference's trials (or after a failure) */
     EXEC_PH_COMPARE,        /* comparing the trial outputs */
     EXEC_PH_TIMING,         /* interleaved timing rounds, their output checks included */
     EXEC_PH_TIMING_DUMP,    /* of timing: the rounds' dump commands, both sides */

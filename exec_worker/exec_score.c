@@ -1,21 +1,28 @@
 /*  exec_score.c - one evaluation, phase by phase (see exec_score.h).
 
-    Design: every exchange with a sandboxed process goes through s_call(), which turns a
-    timeout, a death or a harness-side exception into the candidate's status; the reference
-    process failing is the only path that returns an error to the caller. Secrets (seeds) come
-    from getrandom() per evaluation and are never reused. The candidate's process is killed
-    at the end of every evaluation whatever happened. A timing round is one `time` command per
-    side (the worker's clock around each is the external check on the time the side reports),
-    then one `dump` per side, which writes the output that side kept from a secretly chosen
-    iteration, outside that clock; then the worker compares the two files. A round times
-    --batch calls per side until a round's check (dumps and compare) costs more than its calls,
-    as with large outputs; later rounds then time more calls, keeping at least S_MIN_CHECKS
-    rounds over --max-iters (timing.rounds in the result says how many ran). A round's
-    compared output is, for each leaf larger than --check-sample elements, that many elements
-    at indices the worker draws after the calls (the same on both sides) plus the leaf's shape:
-    a 256 MiB output is checked through a 256 KiB file, and a call that skipped or faked its
-    work differs in nearly every sampled element. The trials and the check after timing still
-    compare whole outputs.
+    Design: every exchange with the candidate's process goes through s_cand_call(), which
+    turns a timeout, a death or a harness-side exception into the candidate's status; every
+    exchange with the reference's goes through s_ref_check(), and its failure means the task
+    cannot be scored: that, no warm interpreter and an unreadable reference output are the only
+    errors returned to the caller. The two processes work at once in one place only, by the
+    order of the commands (the worker is single-threaded): the reference's trials are sent
+    before the candidate's load, and their reply is collected after the candidate's trials by
+    s_ref_trials_collect(), which every way out of s_score() after the send also passes
+    through, so that the reference is idle (or killed) when an evaluation ends. A reference
+    failure found there replaces the candidate's verdict, whatever it was. Secrets (seeds)
+    come from getrandom() per evaluation and are never reused. The candidate's process is
+    killed at the end of every evaluation whatever happened. A timing round is one `time`
+    command per side (the worker's clock around each is the external check on the time the
+    side reports), then one `dump` per side, which writes the output that side kept from a
+    secretly chosen iteration, outside that clock; then the worker compares the two files. A
+    round times --batch calls per side until a round's check (dumps and compare) costs more
+    than its calls, as with large outputs; later rounds then time more calls, keeping at least
+    S_MIN_CHECKS rounds over --max-iters (timing.rounds in the result says how many ran). A
+    round's compared output is, for each leaf larger than --check-sample elements, that many
+    elements at indices the worker draws after the calls (the same on both sides) plus the
+    leaf's shape: a 256 MiB output is checked through a 256 KiB file, and a call that skipped
+    or faked its work differs in nearly every sampled element. The trials and the check after
+    timing still compare whole outputs. Timing starts only once both sides are idle.
 */
 #define _GNU_SOURCE
 #include "exec_score.h"
@@ -237,12 +244,12 @@ static int s_ref_ensure(exec_scorer_t *self, exec_result_t *out)
     return 0;
 }
 
-/* A call to the reference process; any failure means the task cannot be scored. */
-static int s_ref_call(exec_scorer_t *self, cJSON *cmd, int timeout_s, exec_result_t *out,
-                      cJSON **reply)
+/* The outcome of an exchange with the reference process (rc of exec_proc_call, or of its
+   send or recv half, and *reply): any failure means the task cannot be scored. It sets
+   EXEC_ST_NONE and returns non-zero; a reference that did not answer is killed (the next
+   evaluation starts another). */
+static int s_ref_check(exec_scorer_t *self, int rc, exec_result_t *out, cJSON **reply)
 {
-    int rc = exec_proc_call(self->ref, cmd, timeout_s * 1000, reply);
-    cJSON_Delete(cmd);
     if (rc != 0) {
         exec_result_set(out, EXEC_ST_NONE, "reference interpreter failed: %s (%s)",
                         anv_strerror(rc), exec_proc_exit_desc(self->ref));
@@ -259,6 +266,15 @@ static int s_ref_call(exec_scorer_t *self, cJSON *cmd, int timeout_s, exec_resul
         return ANV_EINTERNAL;
     }
     return 0;
+}
+
+/* A call to the reference process (cmd taken), checked by s_ref_check. */
+static int s_ref_call(exec_scorer_t *self, cJSON *cmd, int timeout_s, exec_result_t *out,
+                      cJSON **reply)
+{
+    int rc = exec_proc_call(self->ref, cmd, timeout_s * 1000, reply);
+    cJSON_Delete(cmd);
+    return s_ref_check(self, rc, out, reply);
 }
 
 static void s_add_task(cJSON *c, const exec_task_t *task, const char *device, double init_seed)
@@ -666,199 +682,320 @@ static void s_phase(exec_result_t *out, exec_phase_t ph, uint64_t *t)
     *t = now;
 }
 
+/* The reference's trials: sent before the candidate loads, collected after its trials (or
+   wherever the evaluation ends before), so that both processes work at once. */
+typedef struct {
+    long id;                    /* the command's id while its reply is outstanding, else 0 */
+    uint64_t deadline;          /* anv_now_ms() by which the reply must have come */
+    bool mutates[S_MAX_TRIALS]; /* per trial, once collected: the reference modified inputs */
+} s_ref_trials_t;
+
+/* Sends the reference's trials (cmd taken) without waiting for them; timeout_s bounds them
+   from now. 0, or non-zero as s_ref_check. */
+static int s_ref_trials_send(exec_scorer_t *self, cJSON *cmd, int timeout_s, s_ref_trials_t *rt,
+                             exec_result_t *out)
+{
+    long id = exec_proc_send(self->ref, cmd);
+    cJSON_Delete(cmd);
+    if (id < 0) {
+        cJSON *none = NULL;
+        return s_ref_check(self, (int)id, out, &none);
+    }
+    rt->id = id;
+    rt->deadline = anv_now_ms() + (uint64_t)timeout_s * 1000;
+    return 0;
+}
+
+/* Waits for the reference's trials to answer, when they are outstanding, until their
+   deadline (phase ref_wait; *t_ph becomes its end). After it the reference is idle or killed,
+   so no reply of this evaluation reaches the next one and no file of its trials appears after
+   exec_scorer_score() has removed them. 0, or non-zero as s_ref_check: the reference's
+   failure replaces whatever verdict out holds, since a verdict against a reference that
+   failed means nothing. */
+static int s_ref_trials_collect(exec_scorer_t *self, s_ref_trials_t *rt, int n,
+                                exec_result_t *out, uint64_t *t_ph)
+{
+    if (rt->id == 0)
+        return 0;
+    uint64_t now = anv_now_ms();
+    cJSON *rep = NULL;
+    *t_ph = anv_now_ns(); /* the wait alone: not the rest of a phase the candidate failed in */
+    int rc = exec_proc_recv(self->ref, rt->id, rt->deadline > now ? (int)(rt->deadline - now) : 0,
+                            &rep);
+    rt->id = 0;
+    if ((rc = s_ref_check(self, rc, out, &rep)) == 0) {
+        const cJSON *m = cJSON_GetObjectItem(rep, "mutated");
+        for (int i = 0; i < n; i++)
+            rt->mutates[i] = cJSON_IsTrue(cJSON_GetArrayItem(m, i));
+    }
+    cJSON_Delete(rep);
+    s_phase(out, EXEC_PH_REF_WAIT, t_ph);
+    return rc;
+}
+
+/* One evaluation's settings and secrets, shared by its phases. */
+typedef struct {
+    const exec_task_t *task;
+    const exec_spec_t *spec;
+    const char *code, *device;
+    int trials;
+    bool kb; /* kernelbench: odd trials run in train mode */
+    double init_seed, seeds[S_MAX_TRIALS];
+} s_eval_t;
+
+/* The strings of arr, each ended by a newline, in one string (caller frees); NULL when none. */
+static char *s_join_lines(const cJSON *arr)
+{
+    size_t len = 0;
+    char *all = NULL;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr)
+    {
+        if (!cJSON_IsString(e))
+            continue;
+        size_t n = strlen(e->valuestring);
+        char *na = realloc(all, len + n + 2);
+        if (!na)
+            break;
+        all = na;
+        memcpy(all + len, e->valuestring, n);
+        all[len + n] = '\n';
+        all[len + n + 1] = '\0';
+        len += n + 1;
+    }
+    return all;
+}
+
+/* The static checks, in the reference interpreter (no candidate code runs there). S_FAILED
+   with out filled when they reject the code, or with *err when the reference failed. */
+static s_outcome_t s_static(exec_scorer_t *self, const s_eval_t *ev, exec_result_t *out,
+                            uint64_t *t_ph, int *err)
+{
+    s_outcome_t res = S_FAILED;
+    cJSON *rep = NULL, *c = s_cmd("static");
+    cJSON_AddStringToObject(c, "code", ev->code);
+    cJSON_AddStringToObject(c, "kind", ev->task->kind);
+    cJSON_AddStringToObject(c, "task", ev->task->source);
+    cJSON *allow = cJSON_AddArrayToObject(c, "allow_ops");
+    char ops[1024];
+    snprintf(ops, sizeof ops, "%s", ev->spec->allow_ops ? ev->spec->allow_ops : "");
+    char *save = NULL;
+    for (char *t = strtok_r(ops, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        cJSON_AddItemToArray(allow, cJSON_CreateString(t));
+    if ((*err = s_ref_call(self, c, 60, out, &rep)) != 0)
+        return S_FAILED;
+    s_phase(out, EXEC_PH_STATIC, t_ph);
+    const cJSON *errs = cJSON_GetObjectItem(rep, "errors");
+    if (s_str(rep, "syntax_error")) {
+        exec_result_set(out, EXEC_ST_COMPILE_ERROR, "syntax error: %s", s_str(rep, "syntax_error"));
+        goto out;
+    }
+    if (cJSON_GetArraySize(errs) > 0) {
+        out->static_errors = s_join_lines(errs);
+        if (ev->spec->static_checks) {
+            exec_result_set(out, EXEC_ST_REJECTED_STATIC, "%s",
+                            cJSON_GetArrayItem(errs, 0)->valuestring);
+            goto out;
+        }
+        exec_result_flag(out, "static_violations_ignored");
+    }
+    res = S_OK;
+out:
+    cJSON_Delete(rep);
+    return res;
+}
+
+/* What the candidate's trials reported, for the verdict after the compare. */
+typedef struct {
+    uint64_t run_deadline; /* anv_now_ms() at which the run budget ends (from the trials on) */
+    int zero_trial;        /* the first trial without a launch of the candidate's, or -1 */
+    bool mutates[S_MAX_TRIALS];
+} s_cand_trials_t;
+
+/* The candidate's load and trials in cand (phases cand_load and cand_trials; its first call
+   compiles). S_FAILED with out filled. */
+static s_outcome_t s_cand_trials(exec_proc_t *cand, const s_eval_t *ev, exec_result_t *out,
+                                 s_cand_trials_t *ct, uint64_t *t_ph)
+{
+    cJSON *rep = NULL, *c = s_cmd("load");
+    s_add_task(c, ev->task, ev->device, ev->init_seed);
+    cJSON_AddStringToObject(c, "code", ev->code);
+    if (s_cand_call(cand, c, ev->spec->compile_timeout_s, "compile", out, &rep) != S_OK)
+        return S_FAILED;
+    out->load_ms = s_num(rep, "load_ms", NAN);
+    cJSON_Delete(rep);
+    s_phase(out, EXEC_PH_CAND_LOAD, t_ph);
+    ct->run_deadline = anv_now_ms() + (uint64_t)ev->spec->run_timeout_s * 1000;
+    if (s_cand_call(cand, s_trials_cmd(ev->seeds, ev->trials, 0, cand, "cand", ev->kb),
+                    ev->spec->compile_timeout_s + ev->spec->run_timeout_s, "compile+run", out,
+                    &rep) != S_OK)
+        return S_FAILED;
+    out->compile_ms = s_num(rep, "first_ms", NAN);
+    const cJSON *launches = cJSON_GetObjectItem(rep, "launches");
+    const cJSON *mutated = cJSON_GetObjectItem(rep, "mutated");
+    unsigned min_l = UINT_MAX;
+    ct->zero_trial = -1;
+    for (int i = 0; i < ev->trials; i++) {
+        const cJSON *l = cJSON_GetArrayItem(launches, i);
+        unsigned n = cJSON_IsNumber(l) ? (unsigned)l->valuedouble : 0;
+        if (n < min_l)
+            min_l = n;
+        if (n == 0 && ct->zero_trial < 0)
+            ct->zero_trial = i;
+        ct->mutates[i] = cJSON_IsTrue(cJSON_GetArrayItem(mutated, i));
+    }
+    out->launches = min_l == UINT_MAX ? 0 : min_l;
+    cJSON_Delete(rep);
+    s_phase(out, EXEC_PH_CAND_TRIALS, t_ph);
+    return S_OK;
+}
+
+/* What the trials say beyond matching outputs: inputs modified, a constant output where a
+   constant passes, no launch of the candidate's kernels. S_FAILED with out filled. */
+static s_outcome_t s_trials_verdict(const s_eval_t *ev, const s_cand_trials_t *ct,
+                                    const bool *ref_mutates, const s_degen_t *dg,
+                                    exec_result_t *out)
+{
+    for (int i = 0; i < ev->trials; i++) {
+        if (ct->mutates[i] && !ref_mutates[i]) {
+            exec_result_set(out, EXEC_ST_INCORRECT, "the candidate modified its inputs (trial %d)",
+                            i);
+            return S_FAILED;
+        }
+    }
+    if (dg->zero_pass)
+        exec_result_flag(out, "zero_output_would_pass");
+    if (dg->const_pass)
+        exec_result_flag(out, "constant_output_would_pass");
+    if ((dg->zero_pass || dg->const_pass) && dg->cand_const && dg->ref_const_any_not) {
+        exec_result_set(out, EXEC_ST_INCORRECT,
+                        "the output is a constant; on this task a constant passes the tolerance "
+                        "but the reference is not constant");
+        return S_FAILED;
+    }
+    if (ct->zero_trial >= 0 && ev->spec->require_launches) {
+        exec_result_set(out, EXEC_ST_INCORRECT,
+                        "no Triton kernel of the candidate was launched in trial %d (%s mode)",
+                        ct->zero_trial, ev->kb && ct->zero_trial % 2 ? "train" : "eval");
+        return S_FAILED;
+    }
+    return S_OK;
+}
+
+/* The check after timing (the last trial output of each side, compared) and, on a GPU, the
+   profiler's share of GPU time. S_FAILED with out filled (and *err when it cannot be
+   scored). */
+static s_outcome_t s_after_timing(exec_scorer_t *self, exec_proc_t *cand, const s_eval_t *ev,
+                                  const exec_tol_t *tol, uint64_t run_deadline, s_degen_t *dg,
+                                  exec_result_t *out, uint64_t *t_ph, int *err)
+{
+    s_outcome_t res = S_FAILED;
+    cJSON *rep = NULL;
+    int left = s_left_s(run_deadline) + 5;
+    if (s_cand_call(cand, s_trials_cmd(ev->seeds, 1, ev->trials, cand, "cand", false), left,
+                    "run", out, &rep) != S_OK)
+        return S_FAILED;
+    const cJSON *l_after = cJSON_GetArrayItem(cJSON_GetObjectItem(rep, "launches"), 0);
+    if (ev->spec->require_launches && (!cJSON_IsNumber(l_after) || l_after->valuedouble < 1)) {
+        exec_result_set(out, EXEC_ST_INCORRECT,
+                        "no Triton kernel of the candidate was launched after timing");
+        goto out;
+    }
+    cJSON_Delete(rep);
+    rep = NULL;
+    if (s_compare_trials(self->ref, cand, ev->trials, 1, tol, out, dg, "after timing: ", err) !=
+        S_OK)
+        goto out;
+    s_phase(out, EXEC_PH_CHECK, t_ph);
+    if (strcmp(ev->device, "cuda") == 0) {
+        cJSON *c = s_cmd("profile");
+        cJSON_AddNumberToObject(c, "seed", s_seed());
+        if (s_cand_call(cand, c, 60, "run", out, &rep) != S_OK)
+            goto out;
+        out->gpu_share = s_num(rep, "gpu_share", NAN);
+        if (isfinite(out->gpu_share) && out->gpu_share < ev->spec->min_gpu_share)
+            exec_result_flag(out, "low_gpu_share");
+        s_phase(out, EXEC_PH_PROFILE, t_ph);
+    }
+    res = S_OK;
+out:
+    cJSON_Delete(rep);
+    return res;
+}
+
 static int s_score(exec_scorer_t *self, const exec_task_t *task, const char *code,
                    const exec_spec_t *spec, exec_result_t *out)
 {
     uint64_t t_ph = anv_now_ns();
-    const char *device = self->cfg.sandbox.device;
-    int trials = spec->trials < 5 ? 5 : spec->trials > S_MAX_TRIALS - 1 ? S_MAX_TRIALS - 1
-                                                                        : spec->trials;
-    bool kb = strcmp(task->kind, "kernelbench") == 0;
-    double seeds[S_MAX_TRIALS], init_seed = s_seed();
+    s_eval_t ev = {.task = task, .spec = spec, .code = code, .device = self->cfg.sandbox.device,
+                   .kb = strcmp(task->kind, "kernelbench") == 0, .init_seed = s_seed()};
+    ev.trials = spec->trials < 5                  ? 5
+                : spec->trials > S_MAX_TRIALS - 1 ? S_MAX_TRIALS - 1
+                                                  : spec->trials;
+    for (int i = 0; i <= ev.trials; i++)
+        ev.seeds[i] = s_seed();
+    out->trials = ev.trials;
     cJSON *rep = NULL, *c;
     exec_proc_t *cand = NULL;
-    int err = 0;
+    s_cand_trials_t ct = {0};
+    s_ref_trials_t rt = {0};
+    int err = 0, rc;
     exec_tol_t tol;
     exec_tol_default(&tol);
     exec_tol_override(&tol, spec->atol, spec->rtol);
-    for (int i = 0; i <= trials; i++)
-        seeds[i] = s_seed();
-    out->trials = trials;
 
-    /* static checks, in the reference interpreter (no candidate code runs there) */
     if ((err = s_ref_ensure(self, out)) != 0)
         return err;
     s_phase(out, EXEC_PH_REF_START, &t_ph);
-    c = s_cmd("static");
-    cJSON_AddStringToObject(c, "code", code);
-    cJSON_AddStringToObject(c, "kind", task->kind);
-    cJSON_AddStringToObject(c, "task", task->source);
-    cJSON *allow = cJSON_AddArrayToObject(c, "allow_ops");
-    char ops[1024];
-    snprintf(ops, sizeof ops, "%s", spec->allow_ops ? spec->allow_ops : "");
-    char *save = NULL;
-    for (char *t = strtok_r(ops, ",", &save); t; t = strtok_r(NULL, ",", &save))
-        cJSON_AddItemToArray(allow, cJSON_CreateString(t));
-    if ((err = s_ref_call(self, c, 60, out, &rep)) != 0)
-        return err;
-    s_phase(out, EXEC_PH_STATIC, &t_ph);
-    if (s_str(rep, "syntax_error")) {
-        exec_result_set(out, EXEC_ST_COMPILE_ERROR, "syntax error: %s", s_str(rep, "syntax_error"));
+    if (s_static(self, &ev, out, &t_ph, &err) != S_OK)
         goto done;
-    }
-    const cJSON *errs = cJSON_GetObjectItem(rep, "errors");
-    if (cJSON_GetArraySize(errs) > 0) {
-        size_t len = 0;
-        char *all = NULL;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, errs)
-        {
-            if (!cJSON_IsString(e))
-                continue;
-            size_t n = strlen(e->valuestring);
-            char *na = realloc(all, len + n + 2);
-            if (!na)
-                break;
-            all = na;
-            memcpy(all + len, e->valuestring, n);
-            all[len + n] = '\n';
-            all[len + n + 1] = '\0';
-            len += n + 1;
-        }
-        out->static_errors = all;
-        if (spec->static_checks) {
-            exec_result_set(out, EXEC_ST_REJECTED_STATIC, "%s",
-                            cJSON_GetArrayItem(errs, 0)->valuestring);
-            goto done;
-        }
-        exec_result_flag(out, "static_violations_ignored");
-    }
-    cJSON_Delete(rep);
-    rep = NULL;
 
-    /* reference first: trials + 1 outputs (the last is the check after timing) */
+    /* the reference's load, then its trials + 1 outputs (the last is the check after
+       timing), which run while the candidate loads and runs its own */
     c = s_cmd("load");
-    s_add_task(c, task, device, init_seed);
+    s_add_task(c, task, ev.device, ev.init_seed);
     if ((err = s_ref_call(self, c, spec->compile_timeout_s, out, &rep)) != 0)
         return err;
     cJSON_Delete(rep);
-    if ((err = s_ref_call(self, s_trials_cmd(seeds, trials + 1, 0, self->ref, "ref", kb),
-                          spec->run_timeout_s, out, &rep)) != 0)
+    if ((err = s_ref_trials_send(self,
+                                 s_trials_cmd(ev.seeds, ev.trials + 1, 0, self->ref, "ref", ev.kb),
+                                 spec->run_timeout_s, &rt, out)) != 0)
         return err;
-    bool ref_mutates[S_MAX_TRIALS] = {false};
-    const cJSON *rm = cJSON_GetObjectItem(rep, "mutated");
-    for (int i = 0; i <= trials; i++)
-        ref_mutates[i] = cJSON_IsTrue(cJSON_GetArrayItem(rm, i));
-    cJSON_Delete(rep);
-    rep = NULL;
     s_phase(out, EXEC_PH_REF, &t_ph);
 
     /* the candidate, in a fresh warm interpreter */
     cand = exec_pool_take(self->pool, self->cfg.ready_timeout_s * 1000, &out->wait_ms);
     if (!cand) {
         exec_result_set(out, EXEC_ST_NONE, "no warm interpreter became ready");
-        return ANV_EINTERNAL;
-    }
-    c = s_cmd("load");
-    s_add_task(c, task, device, init_seed);
-    cJSON_AddStringToObject(c, "code", code);
-    if (s_cand_call(cand, c, spec->compile_timeout_s, "compile", out, &rep) != S_OK)
+        err = ANV_EINTERNAL;
         goto done;
-    out->load_ms = s_num(rep, "load_ms", NAN);
-    cJSON_Delete(rep);
-    rep = NULL;
-    s_phase(out, EXEC_PH_CAND_LOAD, &t_ph);
-    uint64_t run_deadline = anv_now_ms() + (uint64_t)spec->run_timeout_s * 1000;
-    if (s_cand_call(cand, s_trials_cmd(seeds, trials, 0, cand, "cand", kb),
-                    spec->compile_timeout_s + spec->run_timeout_s, "compile+run", out,
-                    &rep) != S_OK)
-        goto done;
-    out->compile_ms = s_num(rep, "first_ms", NAN);
-    const cJSON *launches = cJSON_GetObjectItem(rep, "launches");
-    const cJSON *mutated = cJSON_GetObjectItem(rep, "mutated");
-    unsigned min_l = UINT_MAX;
-    int zero_trial = -1;
-    for (int i = 0; i < trials; i++) {
-        const cJSON *l = cJSON_GetArrayItem(launches, i);
-        unsigned n = cJSON_IsNumber(l) ? (unsigned)l->valuedouble : 0;
-        if (n < min_l)
-            min_l = n;
-        if (n == 0 && zero_trial < 0)
-            zero_trial = i;
     }
-    out->launches = min_l == UINT_MAX ? 0 : min_l;
-    bool cand_mutates[S_MAX_TRIALS] = {false};
-    for (int i = 0; i < trials; i++)
-        cand_mutates[i] = cJSON_IsTrue(cJSON_GetArrayItem(mutated, i));
-    cJSON_Delete(rep);
-    rep = NULL;
-    s_phase(out, EXEC_PH_CAND_TRIALS, &t_ph);
+    if (s_cand_trials(cand, &ev, out, &ct, &t_ph) != S_OK)
+        goto done;
+    if ((err = s_ref_trials_collect(self, &rt, ev.trials + 1, out, &t_ph)) != 0)
+        goto done;
     s_degen_t dg = {true, true, true, false};
-    if (s_compare_trials(self->ref, cand, 0, trials, &tol, out, &dg, "", &err) != S_OK)
+    if (s_compare_trials(self->ref, cand, 0, ev.trials, &tol, out, &dg, "", &err) != S_OK)
         goto done;
     s_phase(out, EXEC_PH_COMPARE, &t_ph);
-    for (int i = 0; i < trials; i++) {
-        if (cand_mutates[i] && !ref_mutates[i]) {
-            exec_result_set(out, EXEC_ST_INCORRECT, "the candidate modified its inputs (trial %d)",
-                            i);
-            goto done;
-        }
-    }
-    if (dg.zero_pass)
-        exec_result_flag(out, "zero_output_would_pass");
-    if (dg.const_pass)
-        exec_result_flag(out, "constant_output_would_pass");
-    if ((dg.zero_pass || dg.const_pass) && dg.cand_const && dg.ref_const_any_not) {
-        exec_result_set(out, EXEC_ST_INCORRECT,
-                        "the output is a constant; on this task a constant passes the tolerance "
-                        "but the reference is not constant");
+    if (s_trials_verdict(&ev, &ct, rt.mutates, &dg, out) != S_OK)
         goto done;
-    }
-    if (zero_trial >= 0 && spec->require_launches) {
-        exec_result_set(out, EXEC_ST_INCORRECT,
-                        "no Triton kernel of the candidate was launched in trial %d (%s mode)",
-                        zero_trial, kb && zero_trial % 2 ? "train" : "eval");
-        goto done;
-    }
 
     /* timing, then the check after timing */
-    if (s_timing(self, cand, spec, &tol, out, run_deadline, &err) != S_OK)
+    if (s_timing(self, cand, spec, &tol, out, ct.run_deadline, &err) != S_OK)
         goto done;
     s_phase(out, EXEC_PH_TIMING, &t_ph);
-    int left = s_left_s(run_deadline) + 5;
-    if (s_cand_call(cand, s_trials_cmd(seeds, 1, trials, cand, "cand", false), left, "run", out,
-                    &rep) != S_OK)
+    if (s_after_timing(self, cand, &ev, &tol, ct.run_deadline, &dg, out, &t_ph, &err) != S_OK)
         goto done;
-    const cJSON *l_after = cJSON_GetArrayItem(cJSON_GetObjectItem(rep, "launches"), 0);
-    if (spec->require_launches && (!cJSON_IsNumber(l_after) || l_after->valuedouble < 1)) {
-        exec_result_set(out, EXEC_ST_INCORRECT,
-                        "no Triton kernel of the candidate was launched after timing");
-        goto done;
-    }
-    cJSON_Delete(rep);
-    rep = NULL;
-    if (s_compare_trials(self->ref, cand, trials, 1, &tol, out, &dg, "after timing: ", &err) !=
-        S_OK)
-        goto done;
-    s_phase(out, EXEC_PH_CHECK, &t_ph);
-    if (strcmp(device, "cuda") == 0) {
-        c = s_cmd("profile");
-        cJSON_AddNumberToObject(c, "seed", s_seed());
-        if (s_cand_call(cand, c, 60, "run", out, &rep) != S_OK)
-            goto done;
-        out->gpu_share = s_num(rep, "gpu_share", NAN);
-        if (isfinite(out->gpu_share) && out->gpu_share < spec->min_gpu_share)
-            exec_result_flag(out, "low_gpu_share");
-        cJSON_Delete(rep);
-        rep = NULL;
-        s_phase(out, EXEC_PH_PROFILE, &t_ph);
-    }
     exec_result_set(out, EXEC_ST_CORRECT, "%s", "");
     out->speedup = out->cand_ms > 0 ? out->ref_ms / out->cand_ms : NAN;
 done:
-    cJSON_Delete(rep);
+    /* whatever ended the evaluation, the reference's trials are not left running */
+    rc = s_ref_trials_collect(self, &rt, ev.trials + 1, out, &t_ph);
+    if (rc != 0)
+        err = rc;
     if (cand && exec_proc_alive(cand))
-        s_env(cand, device, out);
+        s_env(cand, ev.device, out);
     else if (self->ref_ready) {
         snprintf(out->torch, sizeof out->torch, "%s", s_str(self->ref_ready, "torch"));
         snprintf(out->triton, sizeof out->triton, "%s", s_str(self->ref_ready, "triton"));

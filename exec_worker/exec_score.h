@@ -4,24 +4,25 @@
     interpreter (which only ever runs task code and the static checks, so it is reused across
     evaluations and restarted when it dies). exec_scorer_score() runs one evaluation end to
     end and always fills a result; it returns non-zero only when the task itself could not be
-    scored (reference broken, no interpreter could be started), never for a bad candidate.
+    scored (reference broken, no interpreter could be started), never for a bad candidate; a
+    broken reference makes the result say so even where the candidate failed too.
 
-    One evaluation: extract the code; static checks in the reference interpreter; reference
-    first: the Model is built with a secret init seed and run on trials + 1 secret input
-    seeds, outputs written to its /io; a warm interpreter loads the candidate (compile budget),
-    runs the same seeds (first call = compile/autotune time, then the run budget), and the
-    worker compares every output file itself (exec_compare). Launches of the candidate's own
-    kernels are counted in every trial (odd trials in train mode); mutated inputs, tampered
-    timers, constant outputs where a constant would pass are caught here. Then timing: batches
-    of fresh-input iterations, reference and candidate alternating (order swapped every
-    round), L2 flushed, device synchronised, on CUDA a short spin kernel queued before the
-    start event (so the events time the GPU work, not the host's launch latency), events and
-    host clock both recorded, the worker's own clock around every batch, the output of one
-    secretly chosen iteration per batch kept and written by a separate dump command (outside
-    that clock) and checked, adaptive stop on the relative standard error of both means; then
-    one more secret trial checked after timing, and on CUDA the profiler's share of GPU time
-    in the candidate's kernels. The scorer is single-threaded: one timed evaluation per GPU at
-    a time.
+    One evaluation: extract the code; static checks in the reference interpreter; the
+    reference's Model is built with a secret init seed and, while it runs on trials + 1 secret
+    input seeds (outputs written to its /io), a warm interpreter loads the candidate (compile
+    budget) and runs the same seeds (first call = compile/autotune time, then the run budget);
+    once both are done, the worker compares every output file itself (exec_compare). Launches of
+    the candidate's own kernels are counted in every trial (odd trials in train mode); mutated
+    inputs, tampered timers, constant outputs where a constant would pass are caught here. Then
+    timing: batches of fresh-input iterations, reference and candidate alternating (order
+    swapped every round), L2 flushed, device synchronised, on CUDA a short spin kernel queued
+    before the start event (so the events time the GPU work, not the host's launch latency),
+    events and host clock both recorded, the worker's own clock around every batch, the output
+    of one secretly chosen iteration per batch kept and written by a separate dump command
+    (outside that clock) and checked, adaptive stop on the relative standard error of both
+    means; then one more secret trial checked after timing, and on CUDA the profiler's share of
+    GPU time in the candidate's kernels. The scorer is single-threaded: one timed evaluation per
+    GPU at a time.
 */
 #ifndef EXEC_SCORE_H
 #define EXEC_SCORE_H

@@ -270,11 +270,17 @@ static void t_result_json_proto(void **st)
     assert_non_null(strstr(j, "\"speedup\":null"));
     assert_non_null(strstr(j, "\"timing_dump\":null")); /* not reached: null */
     free(j);
-    /* timing's parts sit in timing.phases beside it, under their own names */
+    /* timing's parts sit in timing.phases beside it, under their own names; the wait for the
+       reference's trials (which ran beside the candidate's load and trials) follows those */
+    r.phase_ms[EXEC_PH_REF] = 3;
+    r.phase_ms[EXEC_PH_CAND_TRIALS] = 12;
+    r.phase_ms[EXEC_PH_REF_WAIT] = 0.5;
     r.phase_ms[EXEC_PH_TIMING] = 40;
     r.phase_ms[EXEC_PH_TIMING_DUMP] = 7.5;
     r.phase_ms[EXEC_PH_TIMING_COMPARE] = 2.25;
     j = exec_result_to_json(&r, false);
+    assert_non_null(strstr(j, "\"ref\":3,\"cand_load\":null,\"cand_trials\":12,"
+                              "\"ref_wait\":0.5,\"compare\":null"));
     assert_non_null(strstr(j, "\"timing\":40,\"timing_dump\":7.5,\"timing_compare\":2.25"));
     free(j);
     Anvil__ExecResult pb;

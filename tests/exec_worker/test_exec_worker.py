@@ -12,6 +12,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -30,6 +32,7 @@ SOFTMAX = (KB / "23_Softmax.py", {"batch_size": 4, "dim": 256})
 MATMUL = (KB / "1_Square_matrix_multiplication_.py", {"N": 64})
 TBG_ADD = TB / "TritonBench_G_v1" / "add_example.py"
 TBT_ABS = TB / "TritonBench_T_v1" / "abs.py"
+SLEEPY = HERE / "tasks" / "sleepy_double.py"  # a reference as slow as its globals say
 
 FAST = ["--python", PYTHON, "--min-iters", "3", "--max-iters", "6", "--batch", "3",
         "--compile-timeout", "20", "--run-timeout", "40", "--pool-size", "1",
@@ -164,8 +167,8 @@ def test_phases_account_for_the_evaluation(suite):
     by = {(name, static): r for (name, _, _, static), r in zip(SUITE, suite["results"])}
     r = by[("good_relu", True)]
     ph = r["timing"]["phases"]
-    for name in ("ref_start", "static", "ref", "cand_load", "cand_trials", "compare", "timing",
-                 "check"):
+    for name in ("ref_start", "static", "ref", "cand_load", "cand_trials", "ref_wait", "compare",
+                 "timing", "check"):
         assert ph[name] is not None and ph[name] >= 0, (name, ph)
     assert ph["profile"] is None  # CPU: no profiler pass
     parts = ("timing_dump", "timing_compare")  # within timing, not after it
@@ -173,6 +176,7 @@ def test_phases_account_for_the_evaluation(suite):
     assert ph["timing"] > 0 and ph["cand_trials"] > 0
     rej = by[("hostile_try_fallback", True)]["timing"]["phases"]
     assert rej["static"] is not None and rej["ref"] is None and rej["timing"] is None
+    assert rej["ref_wait"] is None
     assert rej["timing_dump"] is None and rej["timing_compare"] is None
 
 
@@ -375,3 +379,115 @@ def test_timing_percentiles(suite):
             q = [t[f"{side}_p{p}_ms"] for p in (10, 50, 90)]
             assert all(v is not None and v > 0 for v in q), (name, t)
             assert q[0] <= q[1] <= q[2], (name, side, q)
+
+
+# a pure-torch candidate (slow_load_double.py) against tasks/sleepy_double.py
+PURE = ["--static-checks=false", "--require-triton=false", "--allow-ops", "*"]
+
+
+def _batch(tmp_path, items, *extra, watch=None):
+    """Scores items (candidate file, globals of SLEEPY, whether the static checks are on) in
+    one worker with --score-batch and a --work-dir in tmp_path; returns (exit status, stderr,
+    results). With watch, it also lists the reference outputs (ref*.anvt) in the work dir every
+    20 ms while the worker runs and calls watch(number of results read, names found) for each
+    listing during which no result came."""
+    work = tmp_path / "work"
+    work.mkdir()
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps({"kind": "kernelbench", "task": str(SLEEPY),
+                                         "candidate": str(CAND / c), "globals": g,
+                                         "static_checks": st}) + "\n" for c, g, st in items))
+    proc = subprocess.Popen([str(WORKER), "--score-batch", str(batch), "--work-dir", str(work),
+                             *FAST, "--require-triton=false", "--allow-ops", "*", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, err = [], []
+
+    def read_results():
+        for line in proc.stdout:
+            lines.append(line)
+
+    readers = [threading.Thread(target=read_results),
+               threading.Thread(target=lambda: err.append(proc.stderr.read()))]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        done = len(lines)
+        names = sorted(f.name for f in work.rglob("ref*.anvt")) if watch else []
+        if watch and len(lines) == done:
+            watch(done, names)
+        time.sleep(0.02)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for t in readers:
+        t.join()
+    return proc.returncode, "".join(err), [json.loads(l) for l in lines if l.startswith("{")]
+
+
+def test_reference_trials_overlap_candidate_load(tmp_path):
+    """The reference's trials run while the candidate loads. Here the reference sleeps 0.5 s
+    in each of its 6 trial calls (3 s) and the candidate 3 s at import. Run one after the other,
+    the phases from the reference's load to its trials' reply (ref, cand_load less the wait for
+    a warm interpreter, cand_trials, ref_wait) hold both sleeps: at least 6 s, whatever the
+    machine's load, since a sleep never ends early. Overlapped they take about 3 s; the bound
+    of 5.5 s leaves 2.5 s for a busy machine, and sequential phases still cannot meet it."""
+    _need()
+    p = subprocess.run([str(WORKER), "--score-once", "--kind", "kernelbench", "--task",
+                        str(SLEEPY), "--task-globals",
+                        json.dumps({"SLEEP_S": 0.5, "SLEEP_CALLS": 6}), "--candidate",
+                        str(CAND / "slow_load_double.py"), "--json", *FAST, *PURE,
+                        "--trials", "5"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["status"] == "correct", r
+    t = r["timing"]
+    ph = t["phases"]
+    ref_wait = ph.get("ref_wait") or 0  # a worker without this phase fails on the bound below
+    span = ph["ref"] + ph["cand_load"] - t["wait_ms"] + ph["cand_trials"] + ref_wait
+    assert span < 5500, (span, ph, t["wait_ms"])
+
+
+def test_candidate_failing_while_reference_runs(tmp_path):
+    """A candidate that fails at load (an import error) while the reference's trials (3 s)
+    still run is a compile_error, and the worker takes the reference's reply before the
+    evaluation ends: no output of those trials appears after it (the worker removes them at
+    the end of each evaluation), which the next evaluation (static checks only, rejected: it
+    writes no reference output) would show, and that evaluation and the one after (the slow
+    loader, correct) get the reference's answers to their own commands."""
+    _need()
+    slow = {"SLEEP_S": 0.5, "SLEEP_CALLS": 6}
+    leaked = []
+
+    def watch(done, names):
+        # from the first result to the second, no reference output may exist; the third
+        # evaluation's first one comes at least 0.5 s (a sleep) after the second result
+        if done == 1 and names:
+            leaked.append(names)
+
+    rc, err, res = _batch(tmp_path, [("compile_import_error.py", slow, True),
+                                     ("slow_load_double.py", slow, True),
+                                     ("slow_load_double.py", slow, False)], watch=watch)
+    assert rc == 0, err[-3000:]
+    assert [r["status"] for r in res] == ["compile_error", "rejected_static", "correct"], res
+    assert "not_a_module_anvil" in res[0]["error"]
+    assert not leaked, leaked[:3]
+    assert res[0]["timing"]["phases"]["ref_wait"] is not None  # the reply was waited for
+
+
+def test_reference_failure_wins_and_ends_before_the_next(tmp_path):
+    """The reference's trials failing while the candidate fails too make the task unscorable
+    (status none, a failure of the batch), whatever the candidate did: a verdict against a
+    failed reference means nothing. Trials that outlive --run-timeout (one call sleeps 30 s
+    against 3 s, counted from their sending) are not waited for past it: once the candidate's
+    trials are done (after its 3 s load) the reference is killed, and the next evaluation
+    starts another one and is scored correctly."""
+    _need()
+    rc, err, res = _batch(tmp_path, [
+        ("compile_import_error.py", {"SLEEP_S": 0.5, "SLEEP_CALLS": 2, "FAIL_AT": 2}, True),
+        ("slow_load_double.py", {"SLEEP_S": 30, "SLEEP_CALLS": 1}, False),
+        ("slow_load_double.py", {}, False)], "--run-timeout", "3")
+    assert rc == 1, err[-3000:]  # the first two cannot be scored
+    assert [r["status"] for r in res] == ["none", "none", "correct"], res
+    assert "the reference failed" in res[0]["error"] and "on purpose" in res[0]["error"], res[0]
+    assert "reference interpreter failed" in res[1]["error"], res[1]
