@@ -6,6 +6,8 @@
 */
 #include "exec_pool.h"
 
+#include <signal.h>
+
 #include "anv_error.h"
 #include "anv_log.h"
 #include "anv_time.h"
@@ -18,6 +20,7 @@
 struct exec_pool_t {
     exec_sandbox_t *sandbox;
     exec_proc_t *procs[S_MAX_POOL];
+    bool stopped[S_MAX_POOL]; /* procs[i] was sent SIGSTOP by exec_pool_pause */
     int size;
     int failures;
 };
@@ -70,6 +73,26 @@ static bool s_reap_dead(exec_pool_t *self)
     }
     s_fill(self);
     return true;
+}
+
+void exec_pool_pause(exec_pool_t *self)
+{
+    for (int i = 0; self && i < self->size; i++) {
+        exec_proc_t *p = self->procs[i];
+        if (p && !self->stopped[i] && !exec_proc_poll_ready(p) && exec_proc_alive(p)) {
+            exec_proc_signal(p, SIGSTOP);
+            self->stopped[i] = true;
+        }
+    }
+}
+
+void exec_pool_resume(exec_pool_t *self)
+{
+    for (int i = 0; self && i < self->size; i++) {
+        if (self->stopped[i] && self->procs[i])
+            exec_proc_signal(self->procs[i], SIGCONT);
+        self->stopped[i] = false;
+    }
 }
 
 int exec_pool_ready(exec_pool_t *self)

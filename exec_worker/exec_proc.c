@@ -34,6 +34,8 @@
 #define EXEC_PROC_MAX_LINE (4u << 20)
 #define EXEC_PROC_LOG_RING 8192
 
+#define S_LOG_PIPE_BYTES (1 << 20)
+
 struct exec_proc_t {
     pid_t pid;
     int cmd_fd, reply_fd, log_fd;
@@ -145,6 +147,9 @@ exec_proc_t *exec_proc_start(char *const argv[],
     close(lg[1]);
     fcntl(self->reply_fd, F_SETFL, O_NONBLOCK);
     fcntl(self->log_fd, F_SETFL, O_NONBLOCK);
+    /* room for what a reference prints while the worker waits on the candidate (best effort:
+       the kernel may cap it at /proc/sys/fs/pipe-max-size) */
+    (void)fcntl(self->log_fd, F_SETPIPE_SZ, S_LOG_PIPE_BYTES);
     return self;
 fail:
     for (int i = 0; i < 2; i++) {
@@ -350,6 +355,66 @@ static void s_reap(exec_proc_t *self, int wait_ms)
             return;
         anv_sleep_ms(5);
     }
+}
+
+/* sig to every descendant of root (at most S_MAX_DESC), found through /proc: the sandboxed
+   interpreter runs in a session of its own under bwrap (--new-session), out of reach of the
+   process group's signal */
+#define S_MAX_DESC 256
+static void s_signal_descendants(pid_t root, int sig)
+{
+    enum { S_MAX_PROCS = 65536 };
+    pid_t(*pp)[2] = malloc(sizeof *pp * S_MAX_PROCS); /* (pid, ppid) of every process */
+    pid_t desc[S_MAX_DESC];
+    size_t n = 0, nd = 0;
+    DIR *d = pp ? opendir("/proc") : NULL;
+    struct dirent *e;
+    while (d && n < S_MAX_PROCS && (e = readdir(d)) != NULL) {
+        char path[64], buf[512];
+        long pid = strtol(e->d_name, NULL, 10);
+        if (pid <= 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t got = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[got] = '\0';
+        const char *rp = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+        char state;
+        long ppid;
+        if (rp && sscanf(rp + 1, " %c %ld", &state, &ppid) == 2)
+            pp[n][0] = (pid_t)pid, pp[n][1] = (pid_t)ppid, n++;
+    }
+    if (d)
+        closedir(d);
+    /* passes until no process is added: a child of root or of one already found */
+    for (bool grew = true; grew && nd < S_MAX_DESC;) {
+        grew = false;
+        for (size_t i = 0; i < n && nd < S_MAX_DESC; i++) {
+            bool parent = pp[i][1] == root, known = pp[i][0] == root;
+            for (size_t k = 0; k < nd; k++) {
+                parent = parent || pp[i][1] == desc[k];
+                known = known || pp[i][0] == desc[k];
+            }
+            if (parent && !known) {
+                desc[nd++] = pp[i][0];
+                grew = true;
+            }
+        }
+    }
+    for (size_t k = 0; k < nd; k++)
+        kill(desc[k], sig);
+    free(pp);
+}
+
+void exec_proc_signal(exec_proc_t *self, int sig)
+{
+    if (!self || self->pid <= 0 || self->reaped)
+        return;
+    kill(-self->pid, sig);
+    s_signal_descendants(self->pid, sig);
 }
 
 void exec_proc_kill(exec_proc_t *self)

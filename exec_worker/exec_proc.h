@@ -57,10 +57,12 @@ int exec_proc_call(exec_proc_t *self, cJSON *cmd, int timeout_ms, cJSON **reply)
    id (0, ANV_ETIMEOUT, -EPIPE or ANV_EPROTO, as above), skipping any other line. The process
    answers its commands in order, so several may be sent before their replies are read; until
    the last one's reply is read (or the process killed) it may still be working, writing its
-   files. Its log pipe is read only while the caller waits on it (or asks for its log tail):
-   one that prints more than the pipe holds in the meantime stalls until then. */
+   files. Its log pipe (1 MiB where the kernel allows) is read only while the caller waits on
+   it (or asks for its log tail): one that prints more in the meantime stalls until then. */
 long exec_proc_send(exec_proc_t *self, cJSON *cmd);
 int exec_proc_recv(exec_proc_t *self, long id, int timeout_ms, cJSON **reply);
+/* sig to the process group (SIGSTOP / SIGCONT: exec_pool_pause); nothing once reaped. */
+void exec_proc_signal(exec_proc_t *self, int sig);
 /* SIGKILL to the process group, then reap (bounded wait). Idempotent. */
 void exec_proc_kill(exec_proc_t *self);
 bool exec_proc_alive(exec_proc_t *self);

@@ -28,6 +28,7 @@ void exec_result_init(exec_result_t *r)
     r->speedup = r->compile_ms = r->load_ms = r->gpu_share = NAN;
     for (int i = 0; i < 3; i++)
         r->ref_q[i] = r->cand_q[i] = NAN;
+    r->ref_launch_p90 = r->cand_launch_p90 = NAN;
     for (int i = 0; i < EXEC_PH_N; i++)
         r->phase_ms[i] = NAN;
     r->reward = 0;
@@ -165,6 +166,10 @@ char *exec_result_to_json(const exec_result_t *r, bool pretty)
         s_num(timing, qn[0][i], r->ref_q[i]);
         s_num(timing, qn[1][i], r->cand_q[i]);
     }
+    s_num(timing, "ref_launch_p90_ms", r->ref_launch_p90);
+    s_num(timing, "cand_launch_p90_ms", r->cand_launch_p90);
+    if (r->spin_us > 0)
+        cJSON_AddNumberToObject(timing, "spin_us", r->spin_us);
     s_num(timing, "load_ms", r->load_ms);
     s_num(timing, "eval_ms", r->eval_ms);
     s_num(timing, "wait_ms", r->wait_ms);

@@ -64,6 +64,10 @@ typedef struct {
     int ref_iters, cand_iters;
     int timing_rounds; /* timing rounds, each with one compared output per side */
     double ref_q[3], cand_q[3]; /* 10th, 50th, 90th percentile per call (diagnostics) */
+    /* CUDA: 90th percentile of the host time from the spin's launch to a call's return; above
+       the spin (spin_us) the GPU waited for the host inside the measured interval */
+    double ref_launch_p90, cand_launch_p90;
+    int spin_us;
     double speedup;
     double compile_ms;        /* candidate's first call: JIT compile and autotune */
     double load_ms;

@@ -47,7 +47,7 @@ typedef struct {
     double target_rel_err;  /* adaptive stop: relative standard error of both means */
     bool flush_l2;
     int spin_us;            /* CUDA: GPU spin before each timed call's start event, longer
-                               than the host's launch latency; 0 off (default 100) */
+                               than the host's launch latency; 0 off (default 300) */
     int check_sample;       /* timing rounds compare this many secretly chosen elements of
                                each larger output leaf (0: whole outputs; default 65536) */
     const char *reward_formula;

@@ -94,7 +94,7 @@ static const anv_cfg_opt_t s_opts[] = {
     S_OPT("batch", ANV_CFG_INT, "10", 1, 1000, "iterations per interleaved batch", &C.batch),
     S_OPT("target-rel-err", ANV_CFG_DOUBLE, "0.01", 0, 1, "stop when both means are this precise", &C.target_rel_err),
     S_OPT("flush-l2", ANV_CFG_BOOL, "true", 0, -1, "flush L2 before each timed call", &C.flush_l2),
-    S_OPT("spin-us", ANV_CFG_INT, "100", 0, 100000, "GPU spin before each timed call's start event, hiding launch latency (cuda; 0 off)", &C.spin_us),
+    S_OPT("spin-us", ANV_CFG_INT, "300", 0, 100000, "GPU spin before each timed call's start event, hiding launch latency (cuda; 0 off)", &C.spin_us),
     S_OPT("check-sample", ANV_CFG_INT, "65536", 0, 1073741824, "elements of each output leaf a timing round compares, chosen after the calls (0: whole outputs)", &C.check_sample),
     S_OPT("reward-formula", ANV_CFG_STR, EXEC_REWARD_DEFAULT, 0, -1, "reward expression", &C.reward_formula),
     S_OPT("speedup-cap", ANV_CFG_DOUBLE, "3", 0, 1e6, "cap in the reward formula", &C.speedup_cap),

@@ -132,6 +132,10 @@ if all(None not in x for x in q):
     p50 = [x[1] for x in q]
     print(f"  per-call p10/p50/p90 ms {['%.4f/%.4f/%.4f' % tuple(x) for x in q]}; spread of "
           f"the medians {(max(p50) - min(p50)) / st.mean(p50) * 100:.2f} %")
+lp = [(r["timing"].get("ref_launch_p90_ms"), r["timing"].get("cand_launch_p90_ms")) for r in good[:5]]
+if all(None not in x for x in lp):
+    print(f"  host launch p90 ms (ref/cand) {['%.4f/%.4f' % x for x in lp]} against a spin of "
+          f"{good[0]['timing'].get('spin_us')} us")
 t0, t1 = map(float, (d / "warm.wall").read_text().split())
 print(f"warm worker: {len(warm)} evaluations in {t1 - t0:.1f} s (start-up included) = "
       f"{len(warm) / (t1 - t0) * 60:.1f} evaluations/min/GPU; steady state "

@@ -282,6 +282,14 @@ static void t_result_json_proto(void **st)
     assert_non_null(strstr(j, "\"ref\":3,\"cand_load\":null,\"cand_trials\":12,"
                               "\"ref_wait\":0.5,\"compare\":null"));
     assert_non_null(strstr(j, "\"timing\":40,\"timing_dump\":7.5,\"timing_compare\":2.25"));
+    assert_non_null(strstr(j, "\"cand_launch_p90_ms\":null")); /* no CUDA timing: null */
+    assert_null(strstr(j, "\"spin_us\""));
+    free(j);
+    /* CUDA: the launch percentile beside the spin it is compared with */
+    r.cand_launch_p90 = 0.125;
+    r.spin_us = 100;
+    j = exec_result_to_json(&r, false);
+    assert_non_null(strstr(j, "\"cand_launch_p90_ms\":0.125,\"spin_us\":100"));
     free(j);
     Anvil__ExecResult pb;
     assert_int_equal(exec_result_to_proto(&r, &pb), 0);

@@ -491,3 +491,64 @@ def test_reference_failure_wins_and_ends_before_the_next(tmp_path):
     assert [r["status"] for r in res] == ["none", "none", "correct"], res
     assert "the reference failed" in res[0]["error"] and "on purpose" in res[0]["error"], res[0]
     assert "reference interpreter failed" in res[1]["error"], res[1]
+
+
+def _descendants(root):
+    """pid -> (state, cmdline) of every process under root, read from /proc."""
+    procs = {}
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        procs[int(d.name)] = (int(ppid), state, cmd)
+    out, todo = {}, [root]
+    while todo:
+        p = todo.pop()
+        for pid, (ppid, state, cmd) in procs.items():
+            if ppid == p and pid not in out:
+                out[pid] = (state, cmd)
+                todo.append(pid)
+    return out
+
+
+def test_pool_paused_while_timing(tmp_path):
+    """While a candidate is timed, the warm interpreters still importing torch and triton for
+    the next candidates are stopped (SIGSTOP), and continued after. Three evaluations with
+    --pool-size 2: the first take starts a replacement, which imports (seconds) while the
+    first candidate's timing runs (the reference sleeps 0.5 s in its first 9 timed calls, so
+    timing lasts over 4 s, and not in its trials, so timing starts within a second of the
+    take, while the import takes seconds); an interpreter of this worker must be seen stopped
+    meanwhile. The
+    third evaluation takes that replacement, so it must have been continued (else the take
+    would wait for an interpreter that never gets ready and the evaluation fails)."""
+    _need()
+    g = {"SLEEP_S": 0.5, "SLEEP_FROM": 6, "SLEEP_CALLS": 6 + 9}  # not in the 6 trial calls
+    cand = tmp_path / "double.py"  # loads at once: the timing starts while the import runs
+    cand.write_text("```python\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                    "    def forward(self, x):\n        return x * 2\n```\n")
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps({"kind": "kernelbench", "task": str(SLEEPY),
+                                         "candidate": str(cand), "globals": g,
+                                         "static_checks": False}) + "\n" for _ in range(3)))
+    args = [str(WORKER), "--score-batch", str(batch), *FAST, *PURE, "--trials", "5"]
+    args[args.index("--pool-size") + 1] = "2"
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = []
+    reader = threading.Thread(target=lambda: out.append(proc.communicate(timeout=600)))
+    reader.start()
+    stopped = set()
+    while proc.poll() is None:
+        for pid, (state, cmd) in _descendants(proc.pid).items():
+            if state == "T" and "anvil_harness" in cmd:
+                stopped.add(pid)
+        time.sleep(0.02)
+    reader.join()
+    stdout, stderr = out[0]
+    results = [json.loads(l) for l in stdout.splitlines() if l.startswith("{")]
+    assert [r["status"] for r in results] == ["correct"] * 3, (results, stderr[-2000:])
+    assert stopped, "no warm interpreter was stopped during a timing phase"

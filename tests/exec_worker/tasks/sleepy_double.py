@@ -1,5 +1,6 @@
 """A KernelBench-style task (x * 2) whose reference takes as long as a test needs: each Model
-sleeps SLEEP_S in each of its first SLEEP_CALLS calls and raises in call FAIL_AT (0: never).
+sleeps SLEEP_S in each of its calls SLEEP_FROM + 1 .. SLEEP_CALLS (counted from 1) and raises
+in call FAIL_AT (0: never).
 The tests set these through the task's globals; a reference's trials are its first calls
 (--trials 5: six of them, the last kept for the check after timing). The candidate's process
 loads this module too but calls only its own ModelNew."""
@@ -10,6 +11,7 @@ import torch.nn as nn
 
 SLEEP_S = 0.0
 SLEEP_CALLS = 0
+SLEEP_FROM = 0
 FAIL_AT = 0
 
 
@@ -20,7 +22,7 @@ class Model(nn.Module):
 
     def forward(self, x):
         self.calls += 1
-        if self.calls <= SLEEP_CALLS:
+        if SLEEP_FROM < self.calls <= SLEEP_CALLS:
             time.sleep(SLEEP_S)
         if self.calls == FAIL_AT:
             raise RuntimeError("the reference fails on purpose")
