@@ -234,8 +234,6 @@ typedef struct {
 static void *s_part_main(void *arg)
 {
     s_part_t *p = arg;
-    exec_leaf_prefault(p->r, p->j0, p->j1);
-    exec_leaf_prefault(p->c, p->j0, p->j1);
     s_range(p->r, p->c, p->j0, p->j1, &p->a);
     return NULL;
 }
@@ -277,8 +275,6 @@ static void s_float_leaf(const exec_leaf_t *r, const exec_leaf_t *c, const exec_
                  .cc = true, .zero = true};
     int nt = s_threads(n);
     if (nt < 2) {
-        exec_leaf_prefault(r, 0, n);
-        exec_leaf_prefault(c, 0, n);
         s_range(r, c, 0, n, &a);
     } else {
         s_part_t parts[S_PAR_MAX];
@@ -367,9 +363,7 @@ int exec_compare(const exec_tensors_t *ref,
         if (exec_dtype_is_float(r->dtype)) {
             out->has_float = true;
             s_float_leaf(r, c, tol, out, &ref_const, &cand_const);
-        } else if (r->nbytes != c->nbytes ||
-                   (exec_leaf_prefault(r, 0, r->numel), exec_leaf_prefault(c, 0, c->numel),
-                    memcmp(r->data, c->data, r->nbytes) != 0)) {
+        } else if (r->nbytes != c->nbytes || memcmp(r->data, c->data, r->nbytes) != 0) {
             s_fail(out, "output '%.*s' differs (%s values must be equal)", r,
                    exec_dtype_name(r->dtype));
         }

@@ -177,12 +177,8 @@ exec_tensors_t *exec_tensors_open(const char *path, char *err, size_t errlen)
     self->size = (size_t)st.st_size;
     if (self->size) {
         /* populated at once: one call maps every page, instead of a fault per 4 KiB page
-           during the comparison (a quarter of its time on a 256 MiB output). A large file is
-           left to exec_leaf_prefault, so that the comparison's threads populate their own
-           parts in parallel (one thread populating 2 x 256 MiB was the serial part of a
-           comparison on the 16-core GPU host) */
-        int pop = self->size < EXEC_TENSOR_PREFAULT_MIN ? MAP_POPULATE : 0;
-        self->map = mmap(NULL, self->size, PROT_READ, MAP_PRIVATE | pop, fd, 0);
+           during the comparison (a quarter of its time on a 256 MiB output) */
+        self->map = mmap(NULL, self->size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
         if (self->map == MAP_FAILED) {
             self->map = NULL;
             snprintf(err, errlen, "cannot map '%s': %s", path, strerror(errno));
@@ -256,18 +252,6 @@ static inline double s_bf16(const uint8_t *p, uint64_t j)
     float f;
     memcpy(&f, &u, 4);
     return f;
-}
-
-void exec_leaf_prefault(const exec_leaf_t *l, uint64_t j0, uint64_t j1)
-{
-    const uint64_t es = l->numel ? l->nbytes / (l->numel * (uint64_t)exec_dtype_lanes(l->dtype)) : 0;
-    if (es == 0 || j1 <= j0 || l->nbytes < EXEC_TENSOR_PREFAULT_MIN)
-        return;
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)(l->data + j0 * es) & ~(page - 1);
-    uintptr_t b = (uintptr_t)(l->data + j1 * es);
-    /* advice only: without MADV_POPULATE_READ (Linux < 5.14) the pages fault in on use */
-    (void)madvise((void *)a, b - a, MADV_POPULATE_READ);
 }
 
 double exec_leaf_get(const exec_leaf_t *l, uint64_t j)

@@ -60,12 +60,6 @@ const exec_leaf_t *exec_tensors_leaf(const exec_tensors_t *self, size_t i);
 int exec_dtype_lanes(uint32_t dtype);
 bool exec_dtype_is_float(uint32_t dtype);
 const char *exec_dtype_name(uint32_t dtype);
-/* Files of at least this size are mapped without populating their pages at open; readers
-   populate the spans they read with exec_leaf_prefault (in parallel, from several threads). */
-#define EXEC_TENSOR_PREFAULT_MIN ((uint64_t)16 << 20)
-/* Populates the pages of stored scalars j0 .. j1 - 1 of a leaf of at least
-   EXEC_TENSOR_PREFAULT_MIN bytes (a no-op for smaller ones, already populated at open). */
-void exec_leaf_prefault(const exec_leaf_t *leaf, uint64_t j0, uint64_t j1);
 /* Stored scalar j (0 <= j < numel * lanes) of a numeric leaf as a double. */
 double exec_leaf_get(const exec_leaf_t *leaf, uint64_t j);
 /* Stored scalars j0 .. j0 + n - 1 as doubles into dst: exec_leaf_get over a block, with the
