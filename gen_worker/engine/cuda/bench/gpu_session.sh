@@ -33,6 +33,8 @@
 #   memcheck     memcheck.sh: compute-sanitizer memcheck on a short whole-model run
 #   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
 #                (time, DRAM bytes, GB/s) and the time between kernels
+#   kernels_b256 the same for one batch-256 step at 2k context (ncu_step.py --ctx-len 2048):
+#                where the "10k tok/s at batch 256 x 2k" goal's time goes
 #
 # The device tool brings back only a few files from $OUT: give OUT outside it and tar it,
 #   gpu_session.sh build-gpu /tmp/gpu; tar czf $OUT/gpu.tgz -C /tmp gpu
@@ -243,6 +245,8 @@ fi
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
     step kernels 240 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
+    step kernels_b256 120 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 256 \
+        --ctx-len 2048
 else
     log "kernels: needs ncu and the GPU, not run"
 fi
@@ -264,6 +268,8 @@ fi
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fp8.log" 2>/dev/null
     echo "== one batch-1 decode step, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels.log" 2>/dev/null
+    echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
+    grep -E "^(kernel|step) " "$OUT/kernels_b256.log" 2>/dev/null
 } > "$OUT/figures.txt"
 log "done in $(( $(date +%s) - START ))s; summary:"
 cat "$SUMMARY" | tee -a "$OUT/session.log"
