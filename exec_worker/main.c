@@ -85,7 +85,8 @@ static const anv_cfg_opt_t s_opts[] = {
     S_OPT("nproc", ANV_CFG_INT, "256", 8, 65536, "processes and threads per sandbox uid", &C.nproc),
     S_OPT("fsize-mb", ANV_CFG_INT, "16384", 1, 1 << 24, "largest file a sandbox may write", &C.fsize_mb),
     S_OPT("uid-base", ANV_CFG_INT, "61000", 1000, 4000000000.0, "first sandbox uid (root only)", &C.uid_base),
-    S_OPT("pool-size", ANV_CFG_INT, "1", 1, 16, "warm candidate interpreters", &C.pool_size),
+    S_OPT("pool-size", ANV_CFG_INT, "0", 0, 16,
+          "warm candidate interpreters (0: 2 with --device cuda, 1 on the cpu)", &C.pool_size),
     S_OPT("ready-timeout", ANV_CFG_INT, "300", 1, 3600, "seconds to wait for a warm interpreter", &C.ready_timeout),
     S_OPT("trials", ANV_CFG_INT, "5", 5, 63, "correctness trials", &C.trials),
     S_OPT("warmup", ANV_CFG_INT, "3", 0, 1000, "warm-up calls before timing", &C.warmup),
@@ -305,7 +306,9 @@ int main(int argc, char **argv)
                     .threads = (int)C.threads, .mem_mb = C.mem_mb, .cpu_s = C.cpu_s,
                     .nofile = C.nofile, .nproc = C.nproc, .fsize_mb = C.fsize_mb,
                     .uid_base = C.uid_base},
-        .pool_size = (int)C.pool_size,
+        /* on the H200 an evaluation (~4 s) is shorter than an interpreter's import (~5 s):
+           with one warm interpreter every candidate would wait for the next */
+        .pool_size = C.pool_size ? (int)C.pool_size : strcmp(C.device, "cuda") == 0 ? 2 : 1,
         .ready_timeout_s = (int)C.ready_timeout,
     };
     exec_scorer_t *sc = exec_scorer_new(&sc_cfg);
