@@ -6,9 +6,12 @@
     cannot be scored: that, no warm interpreter and an unreadable reference output are the only
     errors returned to the caller. The two processes work at once in one place only, by the
     order of the commands (the worker is single-threaded): the reference's trials are sent
-    before the candidate's load, and their reply is collected after the candidate's trials by
-    s_ref_trials_collect(), which every way out of s_score() after the send also passes
-    through, so that the reference is idle (or killed) when an evaluation ends. A reference
+    before the candidate's load, and their reply is collected after the candidate's first
+    trial by s_ref_trials_collect(), which every way out of s_score() after the send also
+    passes through, so that the reference is idle (or killed) when an evaluation ends. The
+    candidate's trials are sent at once, one command each, and compared one by one as their
+    replies come (the candidate runs trial i + 1 while the worker compares trial i); the first
+    mismatch ends the evaluation, and the candidate is killed with the trials still queued. A reference
     failure found there replaces the candidate's verdict, whatever it was. Secrets (seeds)
     come from getrandom() per evaluation and are never reused. The candidate's process is
     killed at the end of every evaluation whatever happened. A timing round is one `time`
@@ -173,13 +176,12 @@ static void s_path(char *buf, size_t len, exec_proc_t *p, bool inner, const char
 
 typedef enum { S_OK = 0, S_FAILED = 1 } s_outcome_t;
 
-/* Sends cmd (taken) to the candidate's process and maps what goes wrong to a status.
-   Returns S_OK with *reply, or S_FAILED with out filled. */
-static s_outcome_t s_cand_call(exec_proc_t *p, cJSON *cmd, int timeout_s, const char *budget,
-                               exec_result_t *out, cJSON **reply)
+/* Maps the outcome of an exchange with the candidate's process (rc of exec_proc_call or
+   exec_proc_recv, and its *reply) to a status. Returns S_OK with *reply, or S_FAILED with out
+   filled (and the process killed when it timed out or died). */
+static s_outcome_t s_cand_check(exec_proc_t *p, int rc, int timeout_s, const char *budget,
+                                exec_result_t *out, cJSON **reply)
 {
-    int rc = exec_proc_call(p, cmd, timeout_s * 1000, reply);
-    cJSON_Delete(cmd);
     if (rc == ANV_ETIMEOUT) {
         exec_proc_kill(p);
         exec_result_set(out, EXEC_ST_TIMEOUT, "exceeded the %s budget of %d s", budget,
@@ -217,6 +219,15 @@ static s_outcome_t s_cand_call(exec_proc_t *p, cJSON *cmd, int timeout_s, const 
         return S_FAILED;
     }
     return S_OK;
+}
+
+/* Sends cmd (taken) to the candidate's process and waits for its reply: s_cand_check. */
+static s_outcome_t s_cand_call(exec_proc_t *p, cJSON *cmd, int timeout_s, const char *budget,
+                               exec_result_t *out, cJSON **reply)
+{
+    int rc = exec_proc_call(p, cmd, timeout_s * 1000, reply);
+    cJSON_Delete(cmd);
+    return s_cand_check(p, rc, timeout_s, budget, out, reply);
 }
 
 static int s_ref_ensure(exec_scorer_t *self, exec_result_t *out)
@@ -653,11 +664,14 @@ static s_outcome_t s_timing(exec_scorer_t *self, exec_proc_t *cand, const exec_s
 
 /* -- one evaluation ---------------------------------------------------------------------- */
 
-static void s_env(exec_proc_t *cand, const char *device, exec_result_t *out)
+/* The GPU, driver, versions and clocks, as the interpreter p reports them. Returns the
+   exchange's rc (non-zero: p did not answer in time or died). */
+static int s_env(exec_proc_t *p, const char *device, exec_result_t *out)
 {
     cJSON *c = s_cmd("env"), *rep = NULL;
     cJSON_AddStringToObject(c, "device", device);
-    if (exec_proc_call(cand, c, 20000, &rep) == 0) {
+    int rc = exec_proc_call(p, c, 20000, &rep);
+    if (rc == 0) {
         snprintf(out->gpu, sizeof out->gpu, "%s", s_str(rep, "gpu") ? s_str(rep, "gpu") : "");
         snprintf(out->driver, sizeof out->driver, "%s",
                  s_str(rep, "driver") ? s_str(rep, "driver") : "");
@@ -669,6 +683,7 @@ static void s_env(exec_proc_t *cand, const char *device, exec_result_t *out)
     }
     cJSON_Delete(c);
     cJSON_Delete(rep);
+    return rc;
 }
 
 static void s_reward(const exec_spec_t *spec, exec_result_t *out)
@@ -836,10 +851,19 @@ typedef struct {
     bool mutates[S_MAX_TRIALS];
 } s_cand_trials_t;
 
-/* The candidate's load and trials in cand (phases cand_load and cand_trials; its first call
-   compiles). S_FAILED with out filled. */
-static s_outcome_t s_cand_trials(exec_proc_t *cand, const s_eval_t *ev, exec_result_t *out,
-                                 s_cand_trials_t *ct, uint64_t *t_ph)
+/* The candidate's load (phase cand_load), then its trials, each compared with the
+   reference's as soon as its reply says its file is complete: every trial is sent at once
+   (one command each; the harness runs them in order), so the candidate runs trial i + 1
+   while the worker compares trial i, and the first mismatch ends the evaluation without
+   waiting for the trials after it (the candidate is killed with them). The reference's trials
+   are collected before the first comparison. Phases: cand_trials (the trials' wall time less
+   the comparisons and the wait for the reference), ref_wait, compare. S_FAILED with out
+   filled (and *err when the task cannot be scored); the first failure in trial order decides
+   the status. */
+static s_outcome_t s_cand_trials(exec_scorer_t *self, exec_proc_t *cand, const s_eval_t *ev,
+                                 const exec_tol_t *tol, s_ref_trials_t *rt, s_degen_t *dg,
+                                 exec_result_t *out, s_cand_trials_t *ct, uint64_t *t_ph,
+                                 int *err)
 {
     cJSON *rep = NULL, *c = s_cmd("load");
     s_add_task(c, ev->task, ev->device, ev->init_seed);
@@ -848,30 +872,63 @@ static s_outcome_t s_cand_trials(exec_proc_t *cand, const s_eval_t *ev, exec_res
         return S_FAILED;
     out->load_ms = s_num(rep, "load_ms", NAN);
     cJSON_Delete(rep);
+    rep = NULL;
     s_phase(out, EXEC_PH_CAND_LOAD, t_ph);
     ct->run_deadline = anv_now_ms() + (uint64_t)ev->spec->run_timeout_s * 1000;
-    if (s_cand_call(cand, s_trials_cmd(ev->seeds, ev->trials, 0, cand, "cand", ev->kb),
-                    ev->spec->compile_timeout_s + ev->spec->run_timeout_s, "compile+run", out,
-                    &rep) != S_OK)
-        return S_FAILED;
-    out->compile_ms = s_num(rep, "first_ms", NAN);
-    const cJSON *launches = cJSON_GetObjectItem(rep, "launches");
-    const cJSON *mutated = cJSON_GetObjectItem(rep, "mutated");
+    const int budget_s = ev->spec->compile_timeout_s + ev->spec->run_timeout_s;
+    const uint64_t deadline = anv_now_ms() + (uint64_t)budget_s * 1000, t0 = anv_now_ns();
+    uint64_t cmp_ns = 0, wait_ns = 0;
+    s_outcome_t res = S_FAILED;
+    long ids[S_MAX_TRIALS];
+    for (int i = 0; i < ev->trials; i++) {
+        cJSON *cmd = s_trials_cmd(ev->seeds, 1, i, cand, "cand", ev->kb);
+        ids[i] = exec_proc_send(cand, cmd);
+        cJSON_Delete(cmd);
+        if (ids[i] < 0) {
+            s_cand_check(cand, (int)ids[i], budget_s, "compile+run", out, &rep);
+            goto out;
+        }
+    }
     unsigned min_l = UINT_MAX;
     ct->zero_trial = -1;
     for (int i = 0; i < ev->trials; i++) {
-        const cJSON *l = cJSON_GetArrayItem(launches, i);
+        uint64_t now = anv_now_ms();
+        int rc = exec_proc_recv(cand, ids[i], now < deadline ? (int)(deadline - now) : 0, &rep);
+        if (s_cand_check(cand, rc, budget_s, "compile+run", out, &rep) != S_OK)
+            goto out;
+        if (i == 0)
+            out->compile_ms = s_num(rep, "first_ms", NAN); /* the first call compiles */
+        const cJSON *l = cJSON_GetArrayItem(cJSON_GetObjectItem(rep, "launches"), 0);
         unsigned n = cJSON_IsNumber(l) ? (unsigned)l->valuedouble : 0;
         if (n < min_l)
             min_l = n;
         if (n == 0 && ct->zero_trial < 0)
             ct->zero_trial = i;
-        ct->mutates[i] = cJSON_IsTrue(cJSON_GetArrayItem(mutated, i));
+        ct->mutates[i] = cJSON_IsTrue(cJSON_GetArrayItem(cJSON_GetObjectItem(rep, "mutated"), 0));
+        cJSON_Delete(rep);
+        rep = NULL;
+        uint64_t t = anv_now_ns();
+        if (i == 0) {
+            uint64_t tw = t;
+            *err = s_ref_trials_collect(self, rt, ev->trials + 1, out, &tw);
+            wait_ns = anv_now_ns() - t;
+            if (*err != 0)
+                goto out;
+            t = anv_now_ns();
+        }
+        s_outcome_t same = s_compare_trials(self->ref, cand, i, 1, tol, out, dg, "", err);
+        cmp_ns += anv_now_ns() - t;
+        if (same != S_OK)
+            goto out;
     }
     out->launches = min_l == UINT_MAX ? 0 : min_l;
+    res = S_OK;
+out:
     cJSON_Delete(rep);
-    s_phase(out, EXEC_PH_CAND_TRIALS, t_ph);
-    return S_OK;
+    *t_ph = anv_now_ns();
+    out->phase_ms[EXEC_PH_CAND_TRIALS] = (double)(*t_ph - t0 - cmp_ns - wait_ns) / 1e6;
+    out->phase_ms[EXEC_PH_COMPARE] = (double)cmp_ns / 1e6;
+    return res;
 }
 
 /* What the trials say beyond matching outputs: inputs modified, a constant output where a
@@ -963,6 +1020,7 @@ static int s_score(exec_scorer_t *self, const exec_task_t *task, const char *cod
     exec_proc_t *cand = NULL;
     s_cand_trials_t ct = {0};
     s_ref_trials_t rt = {0};
+    s_degen_t dg = {true, true, true, false};
     int err = 0, rc;
     exec_tol_t tol;
     exec_tol_default(&tol);
@@ -994,14 +1052,8 @@ static int s_score(exec_scorer_t *self, const exec_task_t *task, const char *cod
         err = ANV_EINTERNAL;
         goto done;
     }
-    if (s_cand_trials(cand, &ev, out, &ct, &t_ph) != S_OK)
+    if (s_cand_trials(self, cand, &ev, &tol, &rt, &dg, out, &ct, &t_ph, &err) != S_OK)
         goto done;
-    if ((err = s_ref_trials_collect(self, &rt, ev.trials + 1, out, &t_ph)) != 0)
-        goto done;
-    s_degen_t dg = {true, true, true, false};
-    if (s_compare_trials(self->ref, cand, 0, ev.trials, &tol, out, &dg, "", &err) != S_OK)
-        goto done;
-    s_phase(out, EXEC_PH_COMPARE, &t_ph);
     if (s_trials_verdict(&ev, &ct, rt.mutates, &dg, out) != S_OK)
         goto done;
 
@@ -1022,13 +1074,16 @@ done:
     rc = s_ref_trials_collect(self, &rt, ev.trials + 1, out, &t_ph);
     if (rc != 0)
         err = rc;
-    if (cand && exec_proc_alive(cand))
-        s_env(cand, ev.device, out);
-    else if (self->ref_ready) {
+    /* the environment from the reference, idle now (the candidate may still be busy with
+       trials queued after the one that failed) */
+    exec_proc_destroy(&cand);
+    if (self->ref && exec_proc_alive(self->ref) && exec_proc_is_ready(self->ref)) {
+        if (s_env(self->ref, ev.device, out) != 0)
+            exec_proc_destroy(&self->ref); /* restarted by the next evaluation */
+    } else if (self->ref_ready) {
         snprintf(out->torch, sizeof out->torch, "%s", s_str(self->ref_ready, "torch"));
         snprintf(out->triton, sizeof out->triton, "%s", s_str(self->ref_ready, "triton"));
     }
-    exec_proc_destroy(&cand);
     return err;
 }
 

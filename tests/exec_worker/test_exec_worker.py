@@ -552,3 +552,29 @@ def test_pool_paused_while_timing(tmp_path):
     results = [json.loads(l) for l in stdout.splitlines() if l.startswith("{")]
     assert [r["status"] for r in results] == ["correct"] * 3, (results, stderr[-2000:])
     assert stopped, "no warm interpreter was stopped during a timing phase"
+
+
+def test_first_wrong_trial_ends_the_trials(tmp_path):
+    """The candidate's trials are compared one by one as their replies come, and the first
+    mismatch ends the evaluation: here the candidate is wrong (x * 3 for x * 2) and sleeps 2 s
+    in every call after its first, so running its 5 trials to the end takes at least 8 s
+    whatever the machine (a sleep never ends early), while stopping after trial 0 leaves the
+    trial phases well under 3 s. The environment still comes back (from the reference)."""
+    _need()
+    cand = tmp_path / "wrong_then_slow.py"
+    cand.write_text("```python\nimport time\n\nimport torch.nn as nn\n\n\n"
+                    "class ModelNew(nn.Module):\n    def __init__(self):\n"
+                    "        super().__init__()\n        self.calls = 0\n\n"
+                    "    def forward(self, x):\n        self.calls += 1\n"
+                    "        if self.calls > 1:\n            time.sleep(2.0)\n"
+                    "        return x * 3\n```\n")
+    p = subprocess.run([str(WORKER), "--score-once", "--kind", "kernelbench", "--task",
+                        str(SLEEPY), "--candidate", str(cand), "--json", *FAST, *PURE,
+                        "--trials", "5"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["status"] == "incorrect" and "(trial 0)" in r["error"], r
+    ph = r["timing"]["phases"]
+    span = ph["cand_trials"] + (ph.get("ref_wait") or 0) + (ph.get("compare") or 0)
+    assert span < 3000, (span, ph)
+    assert r["env"]["torch"] and r["env"]["gpu"], r["env"]
