@@ -60,14 +60,14 @@ fi
 log=${1:-/tmp/out}
 K=/tmp/kit
 mkdir -p "$log" && rm -rf "$K" && tar xJf "$repo/.device/kit.tar.xz" -C /tmp || exit 1
-cd "$repo"
+cd "$repo" || exit 1
 t0=$(date +%s)
+py=$(command -v python3)
 ( export PATH=$K/anvil/bin:$PATH ANVIL_HARNESS_DIR=$repo/exec_worker/harness \
-      ANVIL_BWRAP=$K/anvil/bin/bwrap ANVIL_PYTHON=$(command -v python3) ANVIL_BUILD_DIR=$K/build \
-      ANVIL_SHARED_DIR=$K
+      ANVIL_BWRAP=$K/anvil/bin/bwrap ANVIL_PYTHON=$py ANVIL_BUILD_DIR=$K/build ANVIL_SHARED_DIR=$K
   timeout 260 bash tests/exec_worker/gpu_bench.sh "$log/eb" ) >"$log/exec_bench.log" 2>&1
 echo "exec gpu_bench rc=$? at $(( $(date +%s) - t0 ))s"
-for i in 1 2 3; do "$K/bench_compare" 256 2>&1 | tail -1; done >"$log/compare.log"
+for _ in 1 2 3; do "$K/bench_compare" 256 2>&1 | tail -1; done >"$log/compare.log"
 gen_worker/engine/cuda/bench/gpu_session.sh "$K/build-gpu" "$log/gpu" --budget 300 \
     --only graphs_test,ops_test,model_test,bench,bench_fp8,memcheck,kernels,kernels_b256 \
     >"$log/session.log" 2>&1
