@@ -16,6 +16,9 @@
 # (gpu_session.sh: tests, bench, fp8 bench, memcheck, ncu at batch 1 and at batch 256 x 2k),
 # then tars LOGDIR (default /tmp/out) into $OUT/out.tgz and prints the figures: about 400 s
 # on the H200. Carry `.device`: `bash deploy/gpu_kit.sh run` as the device command.
+# Environment for `run`: KIT_EXEC=0 skips the exec worker's figures and bench_compare;
+# KIT_STEPS replaces the engine session's step list (gpu_session.sh --only), KIT_BUDGET its
+# budget in seconds (default 300).
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mode=${1:-}
@@ -63,13 +66,16 @@ mkdir -p "$log" && rm -rf "$K" && tar xJf "$repo/.device/kit.tar.xz" -C /tmp || 
 cd "$repo" || exit 1
 t0=$(date +%s)
 py=$(command -v python3)
-( export PATH=$K/anvil/bin:$PATH ANVIL_HARNESS_DIR=$repo/exec_worker/harness \
-      ANVIL_BWRAP=$K/anvil/bin/bwrap ANVIL_PYTHON=$py ANVIL_BUILD_DIR=$K/build ANVIL_SHARED_DIR=$K
-  timeout 260 bash tests/exec_worker/gpu_bench.sh "$log/eb" ) >"$log/exec_bench.log" 2>&1
-echo "exec gpu_bench rc=$? at $(( $(date +%s) - t0 ))s"
-for _ in 1 2 3; do "$K/bench_compare" 256 2>&1 | tail -1; done >"$log/compare.log"
-gen_worker/engine/cuda/bench/gpu_session.sh "$K/build-gpu" "$log/gpu" --budget 300 \
-    --only graphs_test,ops_test,model_test,bench,bench_fp8,memcheck,kernels,kernels_b256 \
+if [ "${KIT_EXEC:-1}" != 0 ]; then
+    ( export PATH=$K/anvil/bin:$PATH ANVIL_HARNESS_DIR=$repo/exec_worker/harness \
+          ANVIL_BWRAP=$K/anvil/bin/bwrap ANVIL_PYTHON=$py ANVIL_BUILD_DIR=$K/build \
+          ANVIL_SHARED_DIR=$K
+      timeout 260 bash tests/exec_worker/gpu_bench.sh "$log/eb" ) >"$log/exec_bench.log" 2>&1
+    echo "exec gpu_bench rc=$? at $(( $(date +%s) - t0 ))s"
+    for _ in 1 2 3; do "$K/bench_compare" 256 2>&1 | tail -1; done >"$log/compare.log"
+fi
+gen_worker/engine/cuda/bench/gpu_session.sh "$K/build-gpu" "$log/gpu" --budget "${KIT_BUDGET:-300}" \
+    --only "${KIT_STEPS:-graphs_test,ops_test,model_test,bench,bench_fp8,memcheck,kernels,kernels_b256}" \
     >"$log/session.log" 2>&1
 echo "engine session done at $(( $(date +%s) - t0 ))s"
 rm -f "$log"/gpu/*.csv

@@ -8,6 +8,9 @@
         m = swiglu(xn Wgu^T) Wd^T                 (gate|up stacked: one matmul, swiglu_fused)
         x += m; xn = rmsnorm(x) w_next_input              (fused, or the final norm)
     then logits = xn[rows] lm_head^T and logprobs = log_softmax(logits).
+    A backend with `linear` (eng_linear_enabled) runs the same math as five fused matmuls a
+    layer (s_ops_linear): each norm folded into the matmul that reads it, rope + KV store into
+    the QKV product, SwiGLU into gate|up, the residual adds into the O and down products.
     The stacked weights are filled tensor by tensor into one backend buffer each (weight_into:
     the staging ring on a GPU, so they load as fast as the others). The weight set is a
     separate struct so that a reload can build a complete new one and swap it in only when
@@ -64,6 +67,7 @@ struct eng_model {
     int n_blocks, block_size;
     /* activations, sized for cap_tok tokens / cap_rows rows */
     int cap_tok, cap_rows;
+    int linear; /* matmuls through be->linear (eng_linear_enabled) */
     /* graph decode */
     int graphs;
     uint64_t graph_key; /* bumped when a buffer the ops use moves */
@@ -396,6 +400,7 @@ eng_model_t *eng_model_new(const char *dir, eng_backend_t *be, char *err, size_t
         snprintf(err, errlen, "backend '%s' lacks the fused ops the model runs on", be->name);
         goto fail;
     }
+    self->linear = eng_linear_enabled(be);
     if (eng_config_load(dir, &self->cfg, err, errlen))
         goto fail;
     self->w = s_weights_load(self, dir, err, errlen);
@@ -585,6 +590,50 @@ void eng_model_set_graphs(eng_model_t *self, int on)
     } while (0)
 
 /* The ops of a step up to the logits of its rows (in self->logits). */
+/* The step through be->linear: the residual stream x is updated in place by the O and
+   down projections (ENG_LIN_ADD) and each norm is folded into the matmul that reads it, so a
+   layer is five kernels at small batch (QKV + rope + KV store, attention, O + add, gate|up +
+   SwiGLU, down + add). */
+static int s_ops_linear(eng_model_t *self, const eng_forward_t *b)
+{
+    const eng_model_config_t *c = &self->cfg;
+    eng_backend_t *be = self->be;
+    const s_weights_t *w = self->w;
+    int n = b->n_tok, H = c->hidden, Q = c->n_heads * c->head_dim, KV = c->n_kv_heads * c->head_dim,
+        F = c->ffn, rc = 0;
+    eng_linear_t f = {0};
+    f.eps = c->rms_eps;
+    S_TRY(be->embedding(be, self->x, w->embed.p, w->embed.dt, b->tokens, n, H));
+    for (int l = 0; l < c->n_layers; l++) {
+        const s_layer_t *L = &w->layers[l];
+        eng_linear_t qkv = f;
+        qkv.norm_w = L->in_norm.p, qkv.norm_dtype = L->in_norm.dt, qkv.epi = ENG_LIN_ROPE_KV;
+        qkv.k_cache = self->k_pool[l], qkv.v_cache = self->v_pool[l], qkv.pos = b->pos;
+        qkv.slots = b->slots, qkv.n_head = c->n_heads, qkv.n_kv_head = c->n_kv_heads;
+        qkv.head_dim = c->head_dim, qkv.theta = c->rope_theta;
+        S_TRY(be->linear(be, self->q, self->x, L->wqkv.p, L->bqkv.p, L->wqkv.dt, n, H,
+                         Q + 2 * KV, &qkv));
+        S_TRY(be->attention(be, self->att, self->q, self->k_pool[l], self->v_pool[l], &b->attn,
+                            c->n_heads, c->n_kv_heads, c->head_dim, self->block_size));
+        eng_linear_t add = f;
+        add.epi = ENG_LIN_ADD;
+        S_TRY(be->linear(be, self->x, self->att, L->wo.p, NULL, L->wo.dt, n, Q, H, &add));
+        eng_linear_t gu = f;
+        gu.norm_w = L->post_norm.p, gu.norm_dtype = L->post_norm.dt, gu.epi = ENG_LIN_SWIGLU;
+        S_TRY(be->linear(be, self->gate, self->x, L->wgu.p, NULL, L->wgu.dt, n, H, 2 * F, &gu));
+        S_TRY(be->linear(be, self->x, self->gate, L->wd.p, NULL, L->wd.dt, n, F, H, &add));
+    }
+    if (b->n_rows > 0) {
+        eng_linear_t head = f;
+        head.norm_w = w->final_norm.p, head.norm_dtype = w->final_norm.dt, head.epi = ENG_LIN_PLAIN;
+        S_TRY(be->gather_rows(be, self->out_rows, self->x, b->rows, b->n_rows, H));
+        S_TRY(be->linear(be, self->logits, self->out_rows, w->lm_head.p, NULL, w->lm_head.dt,
+                         b->n_rows, H, c->vocab, &head));
+    }
+out:
+    return rc;
+}
+
 static int s_ops(eng_model_t *self, const eng_forward_t *b)
 {
     const eng_model_config_t *c = &self->cfg;
@@ -636,7 +685,7 @@ typedef struct {
 static int s_record(void *ctx)
 {
     s_rec_t *r = ctx;
-    return s_ops(r->self, r->fw);
+    return r->self->linear ? s_ops_linear(r->self, r->fw) : s_ops(r->self, r->fw);
 }
 
 /* The step's ops up to the logits of its rows (self->logits, backend memory), graphed or not. */
@@ -664,7 +713,7 @@ static int s_run(eng_model_t *self, const eng_forward_t *b)
             eng_step_t st = {b->n_tok, b->tokens, b->pos, b->slots, &b->attn, b->n_rows, b->rows};
             S_TRY(be->prepare(be, &st));
         }
-        S_TRY(s_ops(self, b));
+        S_TRY(self->linear ? s_ops_linear(self, b) : s_ops(self, b));
     }
 out:
     return rc;

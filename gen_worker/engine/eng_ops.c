@@ -143,6 +143,12 @@ eng_backend_t *eng_backend_new(const char *name, int n_threads)
     return NULL;
 }
 
+int eng_linear_enabled(const eng_backend_t *be)
+{
+    const char *e = getenv("ANVIL_ENGINE_LINEAR");
+    return be && be->linear && !(e && strcmp(e, "0") == 0);
+}
+
 int eng_graph_bucket(int n)
 {
     if (n <= 1)

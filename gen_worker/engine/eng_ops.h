@@ -84,6 +84,29 @@ typedef struct {
     uint64_t step;     /* index of the token being drawn (0, 1, ...) */
 } eng_sample_params_t;
 
+/* What a fused linear (eng_backend_t.linear) does with its product y (n, out_dim). */
+typedef enum {
+    ENG_LIN_PLAIN = 0, /* out (n, out_dim) f32 = y */
+    ENG_LIN_ADD,       /* out (n, out_dim) f32 += y: out is the residual stream */
+    ENG_LIN_SWIGLU,    /* W stacks gate|up (out_dim = 2 ffn): out (n, ffn) = silu(gate) * up */
+    ENG_LIN_ROPE_KV,   /* W stacks q|k|v: out (n, n_head, head_dim) = rope(q), and rope(k), v
+                          stored at slots in the caches: rope_kv_store of y */
+} eng_lin_epi_t;
+
+/* The parts of a fused linear besides the product (eng_backend_t.linear). */
+typedef struct {
+    const void *norm_w;     /* (in_dim) norm_dtype, or NULL: with it x is normalised first,
+                               y = rmsnorm(x) * norm_w @ W^T (+ bias), the rmsnorm op's math */
+    eng_dtype_t norm_dtype;
+    float eps;
+    eng_lin_epi_t epi;
+    /* ENG_LIN_ROPE_KV only, as rope_kv_store: */
+    void *k_cache, *v_cache;       /* (n_blocks, block_size, n_kv_head, head_dim) kv_dtype */
+    const int32_t *pos, *slots;    /* (n) host */
+    int n_head, n_kv_head, head_dim;
+    float theta;
+} eng_linear_t;
+
 typedef struct eng_backend eng_backend_t;
 
 struct eng_backend {
@@ -230,8 +253,9 @@ struct eng_backend {
     void (*destroy)(eng_backend_t **be_p);
 
     /* --- extensions (NULL when a backend lacks them). Both backends have sample,
-       rope_kv_store and swiglu_fused, which the engine's model requires; graphs, prepare and
-       mem_info are the CUDA backend's, used when present. ------------------------------- */
+       rope_kv_store and swiglu_fused, which the engine's model requires, and linear, which
+       it uses when present; graphs, prepare and mem_info are the CUDA backend's, used when
+       present. ------------------------------------------------------------------------- */
 
     /* Free and total bytes of backend memory now, to size the KV pools after the weights. */
     int (*mem_info)(eng_backend_t *be, size_t *free_bytes, size_t *total_bytes);
@@ -267,6 +291,16 @@ struct eng_backend {
     int (*sample)(eng_backend_t *be, int32_t *tokens, float *logprobs, const float *logits,
                   int n, int vocab, const eng_sample_params_t *params);
 
+    /* A matmul with its neighbours fused (NULL when the backend lacks it; the model then
+       calls the ops one by one): y = (f->norm_w ? rmsnorm(x) * norm_w : x) @ W^T + bias,
+       then f->epi (see eng_lin_epi_t). x (n, in_dim) f32; W (out_dim, in_dim) `dtype`; bias
+       (out_dim) `dtype` or NULL; out as the epilogue says, never x. The same values as the
+       composition rmsnorm -> matmul -> add / swiglu_fused / rope_kv_store up to fp32
+       rounding: a device backend may fold the norm's scale into the product's sum. */
+    int (*linear)(eng_backend_t *be, float *out, const float *x, const void *w,
+                  const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
+                  const eng_linear_t *f);
+
     /* Runs one all-decode step as a replayed device graph (CUDA graphs). `step` holds the
        step's host arrays as for prepare (every sequence exactly one query token, n_tok ==
        n_seq == n_rows; the caller pads the batch to a bucket size itself); record(ctx)
@@ -284,6 +318,10 @@ struct eng_backend {
     /* Drops every captured graph (weights reloaded, pools or activations reallocated). */
     void (*graph_reset)(eng_backend_t *be);
 };
+
+/* True when a model should run its matmuls through be->linear: the backend has it and
+   $ANVIL_ENGINE_LINEAR is not "0" (the op-by-op path, kept for comparison). */
+int eng_linear_enabled(const eng_backend_t *be);
 
 /* --- decode graph helpers (shared by the model and the benchmark's model) ------------------ */
 

@@ -5,7 +5,9 @@
     (GEMV, norms, RoPE, attention over identical cache values) ~1e-5, cuBLASLt paths where
     activations are rounded to the weight dtype ~1e-2 (bf16) / 2e-3 (fp16). KV pools: the CPU
     keeps fp32, the CUDA default bf16, so cache contents are compared after rounding and the
-    attention tests put identical (bf16-representable) values in both. Sampling is checked
+    attention tests put identical (bf16-representable) values in both. The fused linear op
+    (norm folded in; plain, residual-add, SwiGLU and rope + KV store epilogues) is held to the
+    CPU's composition of the separate ops. Sampling is checked
     for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance and
     the empirical distribution over many seeds, for the default sampler (blocks a row by
     batch) and each fixed one (one block a row, a cluster of 8 blocks a row:
@@ -287,6 +289,108 @@ static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
     free(got), free(got2), free(alone);
 }
 
+/* linear (the fused matmul) on backend be against the CPU's composition: epilogue epi, the
+   norm folded in or not, a bias or not. n <= 8 runs the fused GEMV (fp32 math: tolerance
+   2e-5), above it the composed path (cuBLASLt on rounded activations). For ROPE_KV the rotated
+   q and both caches (in be's KV dtype, the CPU's fp32 pool rounded the same way) are compared;
+   in_dim 2048 / 4096 / 8192 make the GEMV split rows into 1 / 2 / 4 column segments, so the
+   pair epilogues see 8, 4 and 2 rows a block. */
+static void test_linear(eng_backend_t *be, eng_dtype_t dt, eng_lin_epi_t epi, int n, int in,
+                        int outd, int norm, int bias)
+{
+    static const char *const epis[] = {"plain", "add", "swiglu", "rope_kv"};
+    char name[160];
+    const int nh = outd == 1536 ? 8 : 4, nkv = 2, hd = outd == 1536 ? 128 : 64, nb = 8, bs = 16;
+    size_t es = eng_dtype_size(dt), kvs = eng_dtype_size(be->kv_dtype);
+    size_t yd = epi == ENG_LIN_SWIGLU ? (size_t)outd / 2 : epi == ENG_LIN_ROPE_KV ? (size_t)nh * hd
+                                                                                   : (size_t)outd;
+    float *w = s_rand((size_t)outd * in, 0.05f), *wr = malloc((size_t)outd * in * 4);
+    void *wh = s_weights(w, (size_t)outd * in, dt, wr);
+    float *b = s_rand(outd, 0.5f), *br = malloc(outd * 4);
+    void *bh = s_weights(b, outd, dt, br);
+    float *g = s_rand(in, 0.5f), *gr = malloc(in * 4);
+    for (int i = 0; i < in; i++)
+        g[i] += 1.0f;
+    void *gh = s_weights(g, in, dt, gr);
+    float *x = s_rand((size_t)n * in, 2.0f), *o0 = s_rand((size_t)n * yd, 1.0f);
+    float *ref = malloc((size_t)n * yd * 4), *got = malloc((size_t)n * yd * 4);
+    memcpy(ref, o0, (size_t)n * yd * 4);
+    void *gw = ecu_t_put(be, wh, (size_t)outd * in * es), *gb = ecu_t_put(be, bh, outd * es);
+    void *gg = ecu_t_put(be, gh, in * es);
+    float *gx = ecu_t_put(be, x, (size_t)n * in * 4), *go = ecu_t_put(be, o0, (size_t)n * yd * 4);
+    size_t pool = (size_t)nb * bs * nkv * hd;
+    float *ck = calloc(pool, 4), *cv = calloc(pool, 4), *gotp = malloc(pool * 4);
+    void *pk = be->alloc(be, pool * kvs), *pv = be->alloc(be, pool * kvs), *raw = malloc(pool * kvs);
+    int32_t pos[12], slots[12];
+    for (int t = 0; t < n && t < 12; t++)
+        pos[t] = t * 397 % 3000, slots[t] = (t * 37 + 5) % (nb * bs);
+    eng_linear_t fc = {0}, fg;
+    fc.norm_w = norm ? gh : NULL, fc.norm_dtype = dt, fc.eps = 1e-6f, fc.epi = epi;
+    fc.k_cache = ck, fc.v_cache = cv, fc.pos = pos, fc.slots = slots, fc.n_head = nh;
+    fc.n_kv_head = nkv, fc.head_dim = hd, fc.theta = 10000.0f;
+    fg = fc;
+    fg.norm_w = norm ? gg : NULL, fg.k_cache = pk, fg.v_cache = pv;
+    int rc_c = cpu->linear(cpu, ref, x, wh, bias ? bh : NULL, dt, n, in, outd, &fc);
+    int rc_g = be->linear(be, go, gx, gw, bias ? gb : NULL, dt, n, in, outd, &fg);
+    snprintf(name, sizeof(name), "linear %s %s%s n=%d %dx%d%s kv=%s", epis[epi],
+             eng_dtype_name(dt), norm ? " +norm" : "", n, in, outd, bias ? " +bias" : "",
+             eng_dtype_name(be->kv_dtype));
+    ecu_t_check(rc_c == 0 && rc_g == 0, name);
+    ecu_t_get(be, got, go, (size_t)n * yd * 4);
+    double tol = n <= 8 || dt == ENG_DTYPE_F32 ? 2e-5 : dt == ENG_DTYPE_BF16 ? 1e-2 : 2e-3;
+    ecu_t_close(name, got, ref, (size_t)n * yd, tol);
+    if (epi == ENG_LIN_ROPE_KV) {
+        const int f8 = be->kv_dtype == ENG_DTYPE_F8E4M3, b16 = be->kv_dtype == ENG_DTYPE_BF16;
+        /* fp8: a product's last-bit difference may move a value across a rounding boundary,
+           one e4m3 step (1/16 relative) now and then */
+        double ktol = f8 ? 2e-2 : b16 ? (tol > 5e-3 ? tol : 5e-3) : tol;
+        float *caches[2] = {ck, cv};
+        void *dev[2] = {pk, pv};
+        for (int c = 0; c < 2; c++) {
+            if (f8)
+                for (size_t i = 0; i < pool; i++)
+                    caches[c][i] = eng_f8e4m3_to_f32(eng_f32_to_f8e4m3(caches[c][i]));
+            ecu_t_get(be, raw, dev[c], pool * kvs);
+            eng_cpu_widen(gotp, raw, be->kv_dtype, 0, pool);
+            char cn[200];
+            snprintf(cn, sizeof(cn), "%s %s cache", name, c ? "v" : "k");
+            ecu_t_close(cn, gotp, caches[c], pool, ktol);
+        }
+    }
+    be->free(be, gw), be->free(be, gb), be->free(be, gg), be->free(be, gx), be->free(be, go);
+    be->free(be, pk), be->free(be, pv);
+    free(w), free(wr), free(wh), free(b), free(br), free(bh), free(g), free(gr), free(gh);
+    free(x), free(o0), free(ref), free(got), free(ck), free(cv), free(gotp), free(raw);
+}
+
+static void test_linears(void)
+{
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 4096, 600, 1, 0);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 3, 1024, 600, 1, 1);
+    test_linear(gpu, ENG_DTYPE_F16, ENG_LIN_PLAIN, 8, 8192, 264, 1, 0);
+    test_linear(gpu, ENG_DTYPE_F32, ENG_LIN_PLAIN, 2, 2048, 1000, 1, 0);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 9, 1024, 600, 1, 0);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 64, 1024, 600, 0, 1);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ADD, 1, 4096, 1000, 0, 0);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ADD, 5, 8192, 600, 0, 1);
+    test_linear(gpu, ENG_DTYPE_F32, ENG_LIN_ADD, 7, 1024, 600, 1, 0);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ADD, 9, 1024, 600, 0, 0);
+    test_linear(gpu, ENG_DTYPE_F16, ENG_LIN_ADD, 33, 2048, 1000, 0, 1);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 1, 4096, 1400, 1, 0);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 2, 8192, 600, 1, 1);
+    test_linear(gpu, ENG_DTYPE_F16, ENG_LIN_SWIGLU, 8, 1024, 1040, 1, 0);
+    test_linear(gpu, ENG_DTYPE_F32, ENG_LIN_SWIGLU, 4, 2048, 202, 0, 0);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 16, 1024, 1024, 1, 0);
+    eng_backend_t *bes[3] = {gpu, gpu32, gpu8};
+    for (int i = 0; i < 3; i++) {
+        test_linear(bes[i], ENG_DTYPE_BF16, ENG_LIN_ROPE_KV, 1, 4096, 1536, 1, 0);
+        test_linear(bes[i], ENG_DTYPE_BF16, ENG_LIN_ROPE_KV, 3, 1024, 1536, 1, 1);
+        test_linear(bes[i], ENG_DTYPE_F16, ENG_LIN_ROPE_KV, 7, 8192, 1536, 1, 0);
+        test_linear(bes[i], ENG_DTYPE_F32, ENG_LIN_ROPE_KV, 2, 2048, 512, 0, 1);
+        test_linear(bes[i], ENG_DTYPE_BF16, ENG_LIN_ROPE_KV, 12, 1024, 1536, 1, 0);
+    }
+}
+
 static void test_elementwise(void)
 {
     int n = 5, ffn = 1000, dim = 300;
@@ -542,6 +646,7 @@ int main(void)
     test_attention(gpu8, 128, 32, 8);
     test_attention(gpu8, 64, 28, 4);
     test_elementwise();
+    test_linears();
     test_softmax_sample(gpu, "blocks a row by batch (the default)");
     s_sample_timing(gpu, "blocks a row by batch (the default)");
     /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) must draw exactly what the host does */

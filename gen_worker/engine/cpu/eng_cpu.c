@@ -511,6 +511,54 @@ static int s_swiglu_fused(eng_backend_t *be, float *out, const float *gu, int n,
     return 0;
 }
 
+/* linear as the composition of the ops above (the reference the CUDA fused kernels are held
+   to): rmsnorm into scratch, matmul into scratch, then the epilogue's own op. */
+static int s_linear(eng_backend_t *be, float *out, const float *x, const void *w,
+                    const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
+                    const eng_linear_t *f)
+{
+    if (!out || !x || !w || !f || out == x || n <= 0 || in_dim <= 0 || out_dim <= 0)
+        return -EINVAL;
+    if (f->epi == ENG_LIN_SWIGLU && out_dim % 2)
+        return -EINVAL;
+    float *xn = NULL, *y = malloc((size_t)n * out_dim * sizeof(float));
+    int rc = y ? 0 : -ENOMEM;
+    const float *xin = x;
+    if (rc == 0 && f->norm_w) {
+        xn = malloc((size_t)n * in_dim * sizeof(float));
+        rc = xn ? s_rmsnorm(be, xn, x, f->norm_w, f->norm_dtype, n, in_dim, f->eps) : -ENOMEM;
+        xin = xn;
+    }
+    if (rc == 0)
+        rc = s_matmul(be, y, xin, w, bias, dtype, n, in_dim, out_dim);
+    if (rc == 0) {
+        switch (f->epi) {
+        case ENG_LIN_PLAIN:
+            memcpy(out, y, (size_t)n * out_dim * sizeof(float));
+            break;
+        case ENG_LIN_ADD:
+            for (size_t i = 0; i < (size_t)n * out_dim; i++)
+                out[i] += y[i];
+            break;
+        case ENG_LIN_SWIGLU:
+            rc = s_swiglu_fused(be, out, y, n, out_dim / 2);
+            break;
+        case ENG_LIN_ROPE_KV:
+            if (out_dim != (f->n_head + 2 * f->n_kv_head) * f->head_dim)
+                rc = -EINVAL;
+            else
+                rc = s_rope_kv_store(be, out, y, f->k_cache, f->v_cache, f->pos, f->slots, n,
+                                     f->n_head, f->n_kv_head, f->head_dim, f->theta);
+            break;
+        default:
+            rc = -EINVAL;
+        }
+    }
+    free(xn);
+    free(y);
+    return rc;
+}
+
 static int s_gather_rows(
     eng_backend_t *be, float *out, const float *x, const int32_t *rows, int n_rows, int dim)
 {
@@ -625,6 +673,7 @@ eng_backend_t *eng_cpu_backend_new(int n_threads)
     be->sample = s_sample;
     be->rope_kv_store = s_rope_kv_store;
     be->swiglu_fused = s_swiglu_fused;
+    be->linear = s_linear;
     return be;
 fail:
     s_destroy(&be);

@@ -427,6 +427,8 @@ static void s_destroy(eng_backend_t **be_p)
         }
         ecu_buf_release(&st->lt_ws);
         ecu_buf_release(&st->xconv);
+        ecu_buf_release(&st->lin_x);
+        ecu_buf_release(&st->lin_y);
         for (int i = 0; i < ECU_IDX_N; i++)
             ecu_buf_release(&st->idx[i]);
         ecu_buf_release(&st->step_dev);
@@ -530,6 +532,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->graph_reset = ecu_graph_reset;
     be->rope_kv_store = ecu_rope_kv_store;
     be->swiglu_fused = ecu_swiglu_fused;
+    be->linear = ecu_linear;
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, sampler %s", prop.name,
              st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),

@@ -113,7 +113,7 @@ typedef struct {
 #define ECU_STAGE_BYTES ((size_t)64 << 20)
 
 typedef struct {
-    int m, n, k, dtype, valid;
+    int m, n, k, dtype, acc, valid; /* acc: beta 1 (D = C + A B) */
     cublasLtMatmulAlgo_t algo;
 } ecu_lt_algo_t;
 
@@ -128,6 +128,7 @@ typedef struct {
     int lt_next;
 
     ecu_buf_t xconv;            /* activations rounded for cuBLASLt */
+    ecu_buf_t lin_x, lin_y;     /* linear() composed op by op: normalised input, product */
     ecu_buf_t idx[ECU_IDX_N];   /* per-op uploads of host index arrays */
 
     /* prepare(): the host pointers of the step and their device copies */
@@ -228,6 +229,10 @@ int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t
 
 /* prepare() of the op table (eng_cuda.cu). */
 int ecu_prepare(eng_backend_t *be, const eng_step_t *step);
+/* rmsnorm of x (n, dim) f32 rounded to `dtype` (bf16 / f16, also w's dtype) into out (n, dim)
+   (norm.cu); -EINVAL for another dtype. */
+int ecu_rmsnorm_round(ecu_state_t *st, void *out, const float *x, const void *w,
+                      eng_dtype_t dtype, int n, int dim, float eps);
 /* Frees every graph (graph.cu). */
 void ecu_graph_free_all(ecu_state_t *st);
 
@@ -247,6 +252,8 @@ int ecu_add_rmsnorm(eng_backend_t *be, float *out, float *residual, const float 
                     const void *w, eng_dtype_t dtype, int n, int dim, float eps);
 int ecu_matmul(eng_backend_t *be, float *out, const float *x, const void *w, const void *bias,
                eng_dtype_t dtype, int n, int in_dim, int out_dim);
+int ecu_linear(eng_backend_t *be, float *out, const float *x, const void *w, const void *bias,
+               eng_dtype_t dtype, int n, int in_dim, int out_dim, const eng_linear_t *f);
 int ecu_rope(eng_backend_t *be, float *q, float *k, const int32_t *pos, int n_tok, int n_head,
              int n_kv_head, int head_dim, float theta);
 int ecu_kv_store(eng_backend_t *be, void *k_cache, void *v_cache, const float *k, const float *v,
@@ -310,6 +317,21 @@ template <> __device__ __forceinline__ __nv_fp8_e4m3 ecu_from_f32<__nv_fp8_e4m3>
     __nv_fp8_e4m3 r;
     r.__x = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
     return r;
+}
+
+/* The rotary angle of pair i at position pos, as the CPU computes it: inv_freq =
+   1 / powf(theta, 2i / d) with the power taken in double and rounded (the device powf may
+   differ from the CPU's correctly rounded one by an ulp, which positions in the thousands turn
+   into 1e-4 of angle), f = pos * inv_freq in fp32, then full-precision cosf / sinf. Used by
+   rope.cu and by the QKV GEMV's rope epilogue (matmul.cu). */
+__device__ __forceinline__ void ecu_rope_angle(int pos, int i, int head_dim, float theta,
+                                               float *c, float *s)
+{
+    float pw = (float)pow((double)theta, (double)((float)(2 * i) / (float)head_dim));
+    float inv_freq = 1.0f / pw;
+    float f = (float)pos * inv_freq;
+    *c = cosf(f);
+    *s = sinf(f);
 }
 
 /* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets it. */

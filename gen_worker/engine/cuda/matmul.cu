@@ -1,14 +1,25 @@
-/*  matmul.cu - out = x @ W^T (+ bias) with fp32 activations and bf16/fp16/fp32 weights.
+/*  matmul.cu - out = x @ W^T (+ bias) with fp32 activations and bf16/fp16/fp32 weights, and
+    the fused linear op (eng_ops.h) built on it.
 
     Two paths. For n <= ECU_GEMV_MAX rows (decode at small batch) a GEMV kernel streams W
     once with 16-byte loads, each warp owning one output feature (or one column segment of it,
     for short matrices that would leave the GPU a partial wave: see s_gemv_segs) and keeping
-    one fp32 sum per row; x (fp32, a few KB) stays in L1/L2, so the kernel runs at the weights' memory rate and
-    computes in fp32 like the CPU. It is launched with PDL (ecu_launch): its first weight loads
-    are issued before it waits for the kernel before it. Above that, cuBLASLt: x is rounded to the weight dtype into
-    a scratch buffer and the product runs on the tensor cores with fp32 accumulation and an
-    fp32 output (fp32 weights: a plain fp32 product); algorithms come from the heuristic once
-    per shape and are cached. A bias, when given, is added by a small kernel.
+    one fp32 sum per row; x (fp32, a few KB) stays in L1/L2, so the kernel runs at the weights'
+    memory rate and computes in fp32 like the CPU. It is launched with PDL (ecu_launch): its
+    first weight loads are issued before it waits for the kernel before it. Above that,
+    cuBLASLt: x is rounded to the weight dtype into a scratch buffer and the product runs on
+    the tensor cores with fp32 accumulation and an fp32 output (fp32 weights: a plain fp32
+    product); algorithms come from the heuristic once per shape and are cached. A bias, when
+    given, is added by a small kernel.
+    linear (ecu_linear) makes the GEMV do its neighbours' work, so that a decode layer at small
+    batch is five kernels instead of ten: the RMSNorm of its input is folded into the sum (the
+    norm's weights scale W's columns as they are read, each row's sum of squares is gathered in
+    the same pass, and the finished sum is scaled by rsqrt(mean + eps): no norm kernel and no
+    normalised copy), and an epilogue adds the result into the residual stream, or pairs rows
+    inside a block (gate j with up j for SwiGLU; dims i and i + head_dim/2 of a head for RoPE,
+    then q written out and k, v stored in the paged caches). Larger batches compose the same
+    ops from the other kernels (the norm writes the product's rounded input itself, the
+    residual add is cuBLASLt's beta).
 */
 #include "eng_cuda_internal.h"
 
@@ -56,13 +67,42 @@ static __device__ __forceinline__ void s_widen8(const s_raw8<float> &r, float *o
     o[6] = r.b.z, o[7] = r.b.w;
 }
 
-/* acc[r] += the 8 weights at column k times row r of x, for the n <= N live rows */
-template <int N, typename T>
-static __device__ __forceinline__ void s_fma8(float *acc, const s_raw8<T> &raw, const float *x,
-                                              int n, int in_dim, int k)
+/* The parts of a GEMV besides W (a kernel parameter, by value): its input, the optional
+   norm folded into it, and the epilogue (eng_lin_epi_t) with what the rope one needs. */
+typedef struct {
+    float *out;          /* PLAIN/ADD (n, out_dim); SWIGLU (n, out_dim / 2); ROPE_KV q
+                            (n, n_head, head_dim) f32 */
+    const float *x;      /* (n, in_dim) f32 */
+    const void *bias;    /* (out_dim) T or NULL */
+    const void *norm_w;  /* (in_dim) T, read when the kernel's NORM is on */
+    float eps;
+    int n, in_dim, out_dim, segs, epi;
+    void *k_cache, *v_cache; /* ROPE_KV: (n_blocks, block_size, n_kv_head, head_dim) kv_dtype */
+    const int32_t *pos, *slots; /* ROPE_KV: (n) device */
+    int n_head, n_kv_head, head_dim, kv_dtype;
+    float theta;
+} s_gemv_args_t;
+
+/* acc[r] += the 8 weights at column k times row r of x, for the n <= N live rows. With NORM
+   the weights are first scaled by the norm's weights g (once for all rows) and ss[r] gathers
+   row r's sum of squares: sum_k W[o,k] g[k] x[k] * rsqrt(mean(x^2) + eps) is the product of
+   the normalised row, the norm's scale applied once to the finished sum. */
+template <int N, typename T, bool NORM>
+static __device__ __forceinline__ void s_fma8(float *acc, float *ss, const s_raw8<T> &raw,
+                                              const float *x, const T *nw, int n, int in_dim,
+                                              int k)
 {
     float wf[8];
     s_widen8(raw, wf);
+    if constexpr (NORM) {
+        s_raw8<T> g;
+        float gf[8];
+        s_load8(g, nw + k);
+        s_widen8(g, gf);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            wf[e] *= gf[e];
+    }
 #pragma unroll
     for (int r = 0; r < N; r++) {
         if (r < n) {
@@ -70,8 +110,41 @@ static __device__ __forceinline__ void s_fma8(float *acc, const s_raw8<T> &raw, 
             float4 a = __ldg(xp), b = __ldg(xp + 1);
             acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x +
                       wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+            if constexpr (NORM)
+                ss[r] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y +
+                         b.z * b.z + b.w * b.w;
         }
     }
+}
+
+/* Output row (feature) of local row lr (0 .. R - 1) of block b, or -1 past the end. PLAIN /
+   ADD: R consecutive rows. SWIGLU and ROPE_KV pair rows, local rows p and p + R/2 being the
+   two halves of a pair (gate j and up j; dims i and i + head_dim/2 of one head), so that the
+   block combines them in shared memory. */
+static __device__ __forceinline__ int s_gemv_row(int epi, int out_dim, int head_dim, int b, int lr,
+                                                  int R)
+{
+    const int half = R / 2;
+    if (epi == ENG_LIN_SWIGLU) {
+        const int f = out_dim / 2, j = b * half + lr % half;
+        return j < f ? (lr < half ? j : f + j) : -1;
+    }
+    if (epi == ENG_LIN_ROPE_KV) {
+        const int hh = head_dim / 2, bph = hh / half, h = b / bph;
+        return h * head_dim + (b % bph) * half + lr % half + (lr < half ? 0 : hh);
+    }
+    const int o = b * R + lr;
+    return o < out_dim ? o : -1;
+}
+
+static __device__ __forceinline__ void s_kv_put(void *cache, int dtype, size_t i, float v)
+{
+    if (dtype == ENG_DTYPE_BF16)
+        ((__nv_bfloat16 *)cache)[i] = ecu_from_f32<__nv_bfloat16>(v);
+    else if (dtype == ENG_DTYPE_F8E4M3)
+        ((__nv_fp8_e4m3 *)cache)[i] = ecu_from_f32<__nv_fp8_e4m3>(v);
+    else
+        ((float *)cache)[i] = v;
 }
 
 /* One warp per (output feature, column segment); in_dim % (8 * segs) == 0 (the launcher
@@ -80,19 +153,26 @@ static __device__ __forceinline__ void s_fma8(float *acc, const s_raw8<T> &raw, 
    weights do not depend on the kernel before, so their fetch overlaps that kernel's tail; x
    is read only after the wait. With segs > 1 a row's segments are consecutive warps of one
    block (segs divides ECU_GEMV_WARPS), and the segment-0 warp adds the others' sums in
-   segment order, so a row's result does not depend on the schedule. */
-template <int N, typename T>
+   segment order, so a row's result does not depend on the schedule. Then the epilogue: the
+   norm's scale and the bias, and a plain store, an add into the residual, or (pair
+   epilogues) SwiGLU of a gate/up pair or RoPE of a dims pair with q written out and k, v
+   stored in the paged caches (the fused rope_kv_store). */
+template <int N, typename T, bool NORM, bool ROPE>
 static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
-    s_gemv_kernel(float *out /* (n, out_dim) f32 */, const float *x /* (n, in_dim) f32 */,
-                  const T *w /* (out_dim, in_dim) T */, int n, int in_dim, int out_dim, int segs)
+    s_gemv_kernel(const T *w /* (out_dim, in_dim) T */, const s_gemv_args_t a)
 {
-    constexpr int U = 4; /* loads per chunk per lane; a chunk spans U * 256 columns */
-    __shared__ float part[ECU_GEMV_WARPS][N];
+    /* loads per chunk per lane (a chunk spans U * 256 columns); from 4 rows, 2 keep the
+       kernel within its registers (4 spilled) */
+    constexpr int U = N >= 4 ? 2 : 4;
+    __shared__ float part[ECU_GEMV_WARPS][N], part_ss[ECU_GEMV_WARPS][N];
+    __shared__ float fin[ECU_GEMV_WARPS][N];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int unit = blockIdx.x * ECU_GEMV_WARPS + warp, o = unit / segs, seg = unit % segs;
+    const int segs = a.segs, R = ECU_GEMV_WARPS / segs, lr = warp / segs, seg = warp % segs;
+    const int n = a.n, in_dim = a.in_dim, o = s_gemv_row(a.epi, a.out_dim, a.head_dim, blockIdx.x, lr, R);
     const int seg_len = in_dim / segs, kend = (seg + 1) * seg_len;
-    const bool live = o < out_dim;
-    const T *wr = w + (size_t)(live ? o : 0) * in_dim;
+    const bool live = o >= 0;
+    const T *wr = w + (size_t)(live ? o : 0) * in_dim, *nw = (const T *)a.norm_w;
+    const float *x = a.x;
     int k = seg * seg_len + lane * 8;
     bool full = live && k + (U - 1) * 256 < kend;
     s_raw8<T> cur[U];
@@ -103,10 +183,10 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     }
     ecu_pdl_wait();
     ecu_pdl_trigger();
-    float acc[N];
+    float acc[N], ss[N];
 #pragma unroll
     for (int r = 0; r < N; r++)
-        acc[r] = 0.0f;
+        acc[r] = 0.0f, ss[r] = 0.0f;
     while (full) {
         const int kn = k + U * 256;
         const bool more = kn + (U - 1) * 256 < kend;
@@ -118,7 +198,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
         }
 #pragma unroll
         for (int u = 0; u < U; u++)
-            s_fma8<N, T>(acc, cur[u], x, n, in_dim, k + u * 256);
+            s_fma8<N, T, NORM>(acc, ss, cur[u], x, nw, n, in_dim, k + u * 256);
         k = kn;
         full = more;
         if (more) {
@@ -130,29 +210,73 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     for (; live && k < kend; k += 256) {
         s_raw8<T> raw;
         s_load8(raw, wr + k);
-        s_fma8<N, T>(acc, raw, x, n, in_dim, k);
+        s_fma8<N, T, NORM>(acc, ss, raw, x, nw, n, in_dim, k);
     }
+    /* lane r (< n) takes row r's sums */
+    float mine = 0.0f, mine_ss = 0.0f;
 #pragma unroll
-    for (int r = 0; r < N; r++)
-        acc[r] = ecu_warp_sum(acc[r]);
-    if (segs == 1) {
-#pragma unroll
-        for (int r = 0; r < N; r++)
-            if (lane == 0 && live && r < n)
-                out[(size_t)r * out_dim + o] = acc[r];
+    for (int r = 0; r < N; r++) {
+        const float s = ecu_warp_sum(acc[r]), q = NORM ? ecu_warp_sum(ss[r]) : 0.0f;
+        if (lane == r)
+            mine = s, mine_ss = q;
+    }
+    if (segs > 1) {
+        if (lane < N)
+            part[warp][lane] = mine, part_ss[warp][lane] = mine_ss;
+        __syncthreads(); /* segs is the same for the whole block: every warp gets here */
+        if (seg == 0 && lane < N) {
+            mine = 0.0f, mine_ss = 0.0f;
+            for (int s = 0; s < segs; s++)
+                mine += part[warp + s][lane], mine_ss += part_ss[warp + s][lane];
+        }
+    }
+    const bool owner = seg == 0 && live && lane < n;
+    float y = mine;
+    if (owner) {
+        if (NORM)
+            y *= 1.0f / sqrtf(mine_ss / (float)in_dim + a.eps);
+        if (a.bias)
+            y += ecu_ld<T>((const T *)a.bias, o);
+    }
+    if (a.epi == ENG_LIN_PLAIN || a.epi == ENG_LIN_ADD) {
+        if (owner) {
+            float *dst = a.out + (size_t)lane * a.out_dim + o;
+            *dst = a.epi == ENG_LIN_ADD ? *dst + y : y;
+        }
         return;
     }
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < N; r++)
-            part[warp][r] = acc[r];
-    }
-    __syncthreads(); /* segs is the same for the whole block: every warp gets here */
-    if (seg == 0 && live && lane < n) {
-        float v = 0.0f;
-        for (int s = 0; s < segs; s++)
-            v += part[warp + s][lane];
-        out[(size_t)lane * out_dim + o] = v;
+    if (owner)
+        fin[lr][lane] = y;
+    __syncthreads();
+    const int half = R / 2;
+    for (int idx = threadIdx.x; idx < half * n; idx += blockDim.x) {
+        const int p = idx % half, r = idx / half, o0 = s_gemv_row(a.epi, a.out_dim, a.head_dim, blockIdx.x, p, R);
+        if (o0 < 0)
+            continue;
+        const float va = fin[p][r], vb = fin[p + half][r];
+        if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
+            a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
+            continue;
+        }
+        const int hd = a.head_dim, hh = hd / 2, h = o0 / hd, i = o0 % hd;
+        const size_t kv = (size_t)a.slots[r] * a.n_kv_head * hd;
+        if (h < a.n_head + a.n_kv_head) {
+            float c, s;
+            ecu_rope_angle(a.pos[r], i, hd, a.theta, &c, &s);
+            const float ra = va * c - vb * s, rb = vb * c + va * s;
+            if (h < a.n_head) {
+                float *q = a.out + ((size_t)r * a.n_head + h) * hd;
+                q[i] = ra, q[i + hh] = rb;
+            } else {
+                const size_t at = kv + (size_t)(h - a.n_head) * hd + i;
+                s_kv_put(a.k_cache, a.kv_dtype, at, ra);
+                s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
+            }
+        } else {
+            const size_t at = kv + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
+            s_kv_put(a.v_cache, a.kv_dtype, at, va);
+            s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
+        }
     }
 }
 
@@ -160,46 +284,91 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
    the GPU with too few warps of one row each, and the kernel ends with a partial wave (on the
    H200, ncu: QKV 20.3 us at 54 % of DRAM bandwidth, 768 blocks for 528 resident slots; O 13.7
    us at 52 %; gate/up, 3584 blocks, 80 %). Segments are doubled until the grid holds 2.5
-   waves of resident blocks, while a segment keeps >= 1024 columns and divides evenly. */
-template <int N, typename T> static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim)
+   waves of resident blocks, while a segment keeps >= 1024 columns and divides evenly. Pair
+   epilogues need two rows a block (segs <= 4) and, for RoPE, head_dim / 2 a multiple of the
+   pairs a block holds; 0 when no segment count fits (the caller composes the ops). */
+template <int N, typename T, bool NORM, bool ROPE>
+static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, int head_dim)
 {
     static int per_sm = 0; /* resident blocks an SM, per instantiation */
     if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                            &per_sm, s_gemv_kernel<N, T>, ECU_GEMV_WARPS * 32, 0) != cudaSuccess ||
+                            &per_sm, s_gemv_kernel<N, T, NORM, ROPE>, ECU_GEMV_WARPS * 32, 0) !=
+                            cudaSuccess ||
                         per_sm <= 0))
         per_sm = 1;
     const long slots = (long)st->n_sm * per_sm;
+    const bool pair = epi == ENG_LIN_SWIGLU || epi == ENG_LIN_ROPE_KV;
+    const int max_segs = pair ? ECU_GEMV_WARPS / 2 : ECU_GEMV_WARPS;
     int segs = 1;
-    while (segs < ECU_GEMV_WARPS && ((long)out_dim * segs + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS
-                                        < slots * 5 / 2 &&
+    while (segs < max_segs && ((long)out_dim * segs + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS
+                                  < slots * 5 / 2 &&
            in_dim % (16 * segs) == 0 && in_dim / (2 * segs) >= 1024)
         segs *= 2;
+    if (epi == ENG_LIN_ROPE_KV) {
+        while (segs < max_segs && (head_dim / 2) % (ECU_GEMV_WARPS / segs / 2) != 0)
+            segs *= 2;
+        if ((head_dim / 2) % (ECU_GEMV_WARPS / segs / 2) != 0 || in_dim % (8 * segs) != 0)
+            return 0;
+    }
     return segs;
 }
 
-template <int N, typename T>
-static int s_gemv_launch_n(const ecu_state_t *st, float *out, const float *x, const T *w, int n,
-                           int in_dim, int out_dim)
+/* Blocks of the GEMV grid for `segs`. */
+static unsigned s_gemv_blocks(const s_gemv_args_t *a)
 {
-    const int segs = s_gemv_segs<N, T>(st, in_dim, out_dim);
-    dim3 blocks((unsigned)(((long)out_dim * segs + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS));
-    ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T>, blocks, dim3(ECU_GEMV_WARPS * 32), 0, out, x, w,
-                         n, in_dim, out_dim, segs));
-    return 0;
+    const int R = ECU_GEMV_WARPS / a->segs, half = R / 2;
+    if (a->epi == ENG_LIN_SWIGLU)
+        return (unsigned)((a->out_dim / 2 + half - 1) / half);
+    if (a->epi == ENG_LIN_ROPE_KV)
+        return (unsigned)(a->out_dim / a->head_dim * (a->head_dim / 2 / half));
+    return (unsigned)((a->out_dim + R - 1) / R);
 }
 
-template <typename T>
-static int s_gemv_launch(const ecu_state_t *st, float *out, const float *x, const void *w, int n,
-                         int in_dim, int out_dim)
+/* 1 when launched, 0 when the shape does not fit the GEMV (the caller composes), < 0 on error */
+/* The rope epilogue (double pow, full-precision sincos with its slow path) is its own
+   instantiation: in the others it cost registers and a stack frame. */
+template <int N, typename T, bool NORM>
+static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
+{
+    const bool rope = a.epi == ENG_LIN_ROPE_KV;
+    a.segs = rope ? s_gemv_segs<N, T, NORM, true>(st, a.in_dim, a.out_dim, a.epi, a.head_dim)
+                  : s_gemv_segs<N, T, NORM, false>(st, a.in_dim, a.out_dim, a.epi, a.head_dim);
+    if (a.segs == 0)
+        return 0;
+    if (rope)
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, dim3(s_gemv_blocks(&a)),
+                             dim3(ECU_GEMV_WARPS * 32), 0, w, a));
+    else
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, false>, dim3(s_gemv_blocks(&a)),
+                             dim3(ECU_GEMV_WARPS * 32), 0, w, a));
+    return 1;
+}
+
+template <typename T, bool NORM>
+static int s_gemv_launch_t(const ecu_state_t *st, const void *w, const s_gemv_args_t &a)
 {
     const T *wt = (const T *)w;
-    if (n == 1)
-        return s_gemv_launch_n<1, T>(st, out, x, wt, n, in_dim, out_dim);
-    if (n <= 2)
-        return s_gemv_launch_n<2, T>(st, out, x, wt, n, in_dim, out_dim);
-    if (n <= 4)
-        return s_gemv_launch_n<4, T>(st, out, x, wt, n, in_dim, out_dim);
-    return s_gemv_launch_n<8, T>(st, out, x, wt, n, in_dim, out_dim);
+    if (a.n == 1)
+        return s_gemv_launch_n<1, T, NORM>(st, wt, a);
+    if (a.n <= 2)
+        return s_gemv_launch_n<2, T, NORM>(st, wt, a);
+    if (a.n <= 4)
+        return s_gemv_launch_n<4, T, NORM>(st, wt, a);
+    return s_gemv_launch_n<8, T, NORM>(st, wt, a);
+}
+
+/* The GEMV for n <= ECU_GEMV_MAX rows: 1 launched, 0 not applicable, < 0 error. */
+static int s_gemv_launch(const ecu_state_t *st, const void *w, eng_dtype_t dtype,
+                         const s_gemv_args_t &a)
+{
+    const bool norm = a.norm_w != NULL;
+    if (dtype == ENG_DTYPE_BF16)
+        return norm ? s_gemv_launch_t<__nv_bfloat16, true>(st, w, a)
+                    : s_gemv_launch_t<__nv_bfloat16, false>(st, w, a);
+    if (dtype == ENG_DTYPE_F16)
+        return norm ? s_gemv_launch_t<__half, true>(st, w, a)
+                    : s_gemv_launch_t<__half, false>(st, w, a);
+    return norm ? s_gemv_launch_t<float, true>(st, w, a) : s_gemv_launch_t<float, false>(st, w, a);
 }
 
 template <typename T>
@@ -226,9 +395,10 @@ static int s_grid(ecu_state_t *st, size_t total)
     return (int)(blocks < cap ? blocks : cap);
 }
 
-/* cuBLASLt, column-major view: D (out_dim x n) = W^T-as-stored (in x out)^T @ x^T (in x n). */
+/* cuBLASLt, column-major view: D (out_dim x n) = W^T-as-stored (in x out)^T @ x^T (in x n),
+   plus D itself when acc (beta 1: the residual add in the product's epilogue). */
 static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_dtype_t dtype,
-                int n, int in_dim, int out_dim)
+                int n, int in_dim, int out_dim, bool acc)
 {
     cudaDataType_t ab = dtype == ENG_DTYPE_BF16  ? CUDA_R_16BF
                         : dtype == ENG_DTYPE_F16 ? CUDA_R_16F
@@ -238,7 +408,7 @@ static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_
     cublasLtMatmulPreference_t pref = NULL;
     int rc = ANV_EINTERNAL;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    float alpha = 1.0f, beta = 0.0f;
+    float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
     size_t ws = st->lt_ws.bytes;
     ecu_lt_algo_t *hit = NULL;
     if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
@@ -252,7 +422,8 @@ static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_
     }
     for (int i = 0; i < ECU_LT_CACHE; i++) {
         ecu_lt_algo_t *c = &st->lt_cache[i];
-        if (c->valid && c->m == out_dim && c->n == n && c->k == in_dim && c->dtype == dtype) {
+        if (c->valid && c->m == out_dim && c->n == n && c->k == in_dim && c->dtype == dtype &&
+            c->acc == (int)acc) {
             hit = c;
             break;
         }
@@ -271,7 +442,8 @@ static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_
         }
         hit = &st->lt_cache[st->lt_next];
         st->lt_next = (st->lt_next + 1) % ECU_LT_CACHE;
-        hit->m = out_dim, hit->n = n, hit->k = in_dim, hit->dtype = dtype, hit->valid = 1;
+        hit->m = out_dim, hit->n = n, hit->k = in_dim, hit->dtype = dtype, hit->acc = acc;
+        hit->valid = 1;
         hit->algo = res.algo;
     }
     {
@@ -298,42 +470,11 @@ out:
     return rc;
 }
 
-extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const void *w,
-                          const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim)
+/* cuBLASLt on an input already in the weights' dtype (xw), then the bias. */
+static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w, const void *bias,
+                     eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
 {
-    ecu_state_t *st = ecu_st(be);
-    if (!out || !x || !w || n <= 0 || in_dim <= 0 || out_dim <= 0 || ecu_dtype_size(dtype) == 0 ||
-        out == x)
-        return -EINVAL;
-    if (in_dim % 8) {
-        ANV_ERROR("cuda matmul: in_dim %d is not a multiple of 8", in_dim);
-        return ANV_EUNSUPPORTED;
-    }
-    /* the GEMV's vector loads need 16-byte aligned rows; cuBLASLt copes with the rest */
-    bool aligned = ((uintptr_t)x % 16 == 0) && ((uintptr_t)w % 16 == 0);
-    if (n <= ECU_GEMV_MAX && aligned) {
-        if (dtype == ENG_DTYPE_BF16)
-            ECU_TRY(s_gemv_launch<__nv_bfloat16>(st, out, x, w, n, in_dim, out_dim));
-        else if (dtype == ENG_DTYPE_F16)
-            ECU_TRY(s_gemv_launch<__half>(st, out, x, w, n, in_dim, out_dim));
-        else
-            ECU_TRY(s_gemv_launch<float>(st, out, x, w, n, in_dim, out_dim));
-    } else {
-        const void *xw = x;
-        size_t total = (size_t)n * in_dim;
-        if (dtype != ENG_DTYPE_F32) {
-            ECU_TRY(ecu_buf_reserve(&st->xconv, total * 2));
-            if (dtype == ENG_DTYPE_BF16)
-                s_round_kernel<<<s_grid(st, total), 256, 0, st->stream>>>(
-                    (__nv_bfloat16 *)st->xconv.ptr, x, total);
-            else
-                s_round_kernel<<<s_grid(st, total), 256, 0, st->stream>>>((__half *)st->xconv.ptr,
-                                                                          x, total);
-            ECU_LAUNCHED();
-            xw = st->xconv.ptr;
-        }
-        ECU_TRY(s_lt(st, out, xw, w, dtype, n, in_dim, out_dim));
-    }
+    ECU_TRY(s_lt(st, out, xw, w, dtype, n, in_dim, out_dim, acc));
     if (bias) {
         size_t total = (size_t)n * out_dim;
         int g = s_grid(st, total);
@@ -347,4 +488,124 @@ extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const v
         ECU_LAUNCHED();
     }
     return 0;
+}
+
+/* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= ECU_GEMV_MAX
+   (16-byte aligned rows), cuBLASLt above. */
+static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, const void *bias,
+                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
+{
+    if (in_dim % 8) {
+        ANV_ERROR("cuda matmul: in_dim %d is not a multiple of 8", in_dim);
+        return ANV_EUNSUPPORTED;
+    }
+    /* the GEMV's vector loads need 16-byte aligned rows; cuBLASLt copes with the rest */
+    bool aligned = ((uintptr_t)x % 16 == 0) && ((uintptr_t)w % 16 == 0);
+    if (n <= ECU_GEMV_MAX && aligned) {
+        s_gemv_args_t a = {};
+        a.out = out, a.x = x, a.bias = bias, a.n = n, a.in_dim = in_dim, a.out_dim = out_dim;
+        a.epi = acc ? ENG_LIN_ADD : ENG_LIN_PLAIN;
+        int rc = s_gemv_launch(st, w, dtype, a);
+        return rc < 0 ? rc : rc == 1 ? 0 : ANV_EINTERNAL; /* plain rows always fit */
+    }
+    const void *xw = x;
+    size_t total = (size_t)n * in_dim;
+    if (dtype != ENG_DTYPE_F32) {
+        ECU_TRY(ecu_buf_reserve(&st->xconv, total * 2));
+        if (dtype == ENG_DTYPE_BF16)
+            s_round_kernel<<<s_grid(st, total), 256, 0, st->stream>>>(
+                (__nv_bfloat16 *)st->xconv.ptr, x, total);
+        else
+            s_round_kernel<<<s_grid(st, total), 256, 0, st->stream>>>((__half *)st->xconv.ptr, x,
+                                                                      total);
+        ECU_LAUNCHED();
+        xw = st->xconv.ptr;
+    }
+    return s_lt_bias(st, out, xw, w, bias, dtype, n, in_dim, out_dim, acc);
+}
+
+extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const void *w,
+                          const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim)
+{
+    if (!out || !x || !w || n <= 0 || in_dim <= 0 || out_dim <= 0 || ecu_dtype_size(dtype) == 0 ||
+        out == x)
+        return -EINVAL;
+    return s_matmul(ecu_st(be), out, x, w, bias, dtype, n, in_dim, out_dim, false);
+}
+
+/* linear op by op, for shapes the fused GEMV does not take (more than ECU_GEMV_MAX rows,
+   unaligned rows, a norm in another dtype than W): the norm (written straight in the
+   weights' dtype when cuBLASLt takes it), the product (the residual add as cuBLASLt's beta),
+   then the epilogue's own kernel. */
+static int s_linear_composed(eng_backend_t *be, float *out, const float *x, const void *w,
+                             const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
+                             const eng_linear_t *f)
+{
+    ecu_state_t *st = ecu_st(be);
+    const bool acc = f->epi == ENG_LIN_ADD, direct = f->epi == ENG_LIN_PLAIN || acc;
+    float *y = out; /* (n, out_dim) f32: the product, before a pair epilogue */
+    if (!direct) {
+        ECU_TRY(ecu_buf_reserve(&st->lin_y, (size_t)n * out_dim * sizeof(float)));
+        y = (float *)st->lin_y.ptr;
+    }
+    if (f->norm_w && n > ECU_GEMV_MAX && dtype != ENG_DTYPE_F32 && f->norm_dtype == dtype &&
+        in_dim % 8 == 0) {
+        /* the norm writes the product's rounded input itself */
+        ECU_TRY(ecu_buf_reserve(&st->xconv, (size_t)n * in_dim * 2));
+        ECU_TRY(ecu_rmsnorm_round(st, st->xconv.ptr, x, f->norm_w, dtype, n, in_dim, f->eps));
+        ECU_TRY(s_lt_bias(st, y, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, acc));
+    } else {
+        const float *xin = x;
+        if (f->norm_w) {
+            ECU_TRY(ecu_buf_reserve(&st->lin_x, (size_t)n * in_dim * sizeof(float)));
+            ECU_TRY(ecu_rmsnorm(be, (float *)st->lin_x.ptr, x, f->norm_w, f->norm_dtype, n,
+                                in_dim, f->eps));
+            xin = (const float *)st->lin_x.ptr;
+        }
+        ECU_TRY(s_matmul(st, y, xin, w, bias, dtype, n, in_dim, out_dim, acc));
+    }
+    if (direct)
+        return 0;
+    if (f->epi == ENG_LIN_SWIGLU)
+        return ecu_swiglu_fused(be, out, y, n, out_dim / 2);
+    return ecu_rope_kv_store(be, out, y, f->k_cache, f->v_cache, f->pos, f->slots, n, f->n_head,
+                             f->n_kv_head, f->head_dim, f->theta);
+}
+
+extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const void *w,
+                          const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
+                          const eng_linear_t *f)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (!out || !x || !w || !f || n <= 0 || in_dim <= 0 || out_dim <= 0 ||
+        ecu_dtype_size(dtype) == 0 || out == x || f->epi < ENG_LIN_PLAIN ||
+        f->epi > ENG_LIN_ROPE_KV || (f->epi == ENG_LIN_SWIGLU && out_dim % 2))
+        return -EINVAL;
+    if (f->epi == ENG_LIN_ROPE_KV &&
+        (!f->k_cache || !f->v_cache || !f->pos || !f->slots || f->n_head <= 0 ||
+         f->n_kv_head <= 0 || f->head_dim < 2 || f->head_dim % 2 ||
+         out_dim != (f->n_head + 2 * f->n_kv_head) * f->head_dim))
+        return -EINVAL;
+    if (in_dim % 8) {
+        ANV_ERROR("cuda linear: in_dim %d is not a multiple of 8", in_dim);
+        return ANV_EUNSUPPORTED;
+    }
+    const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 &&
+                         (uintptr_t)f->norm_w % 16 == 0;
+    if (n <= ECU_GEMV_MAX && aligned && (!f->norm_w || f->norm_dtype == dtype)) {
+        s_gemv_args_t a = {};
+        a.out = out, a.x = x, a.bias = bias, a.norm_w = f->norm_w, a.eps = f->eps, a.n = n;
+        a.in_dim = in_dim, a.out_dim = out_dim, a.epi = f->epi;
+        if (f->epi == ENG_LIN_ROPE_KV) {
+            ECU_TRY(ecu_idx(st, ECU_IDX_POS, f->pos, n, &a.pos));
+            ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &a.slots));
+            a.k_cache = f->k_cache, a.v_cache = f->v_cache, a.n_head = f->n_head;
+            a.n_kv_head = f->n_kv_head, a.head_dim = f->head_dim, a.kv_dtype = be->kv_dtype;
+            a.theta = f->theta;
+        }
+        int rc = s_gemv_launch(st, w, dtype, a);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+    }
+    return s_linear_composed(be, out, x, w, bias, dtype, n, in_dim, out_dim, f);
 }

@@ -4,12 +4,13 @@
     double; the difference is far below the tolerances), then each element is
     w * (x * rsqrt(mean + eps)) in the CPU's order of operations. The fused form writes the
     updated residual and the normalised row in the same pass, so the residual stream is read
-    once and written once per layer half.
+    once and written once per layer half. ecu_rmsnorm_round writes the normalised row
+    rounded to bf16 / f16, the input a cuBLASLt product wants (linear's composed path).
 */
 #include "eng_cuda_internal.h"
 
-template <typename T, bool ADD>
-static __global__ void s_norm_kernel(float *out /* (n, dim) f32 */,
+template <typename T, bool ADD, typename OT = float>
+static __global__ void s_norm_kernel(OT *out /* (n, dim) OT */,
                                      float *x /* (n, dim) f32: residual when ADD */,
                                      const float *delta /* (n, dim) f32 or NULL */,
                                      const T *w /* (dim) T */, int dim, float eps)
@@ -30,7 +31,7 @@ static __global__ void s_norm_kernel(float *out /* (n, dim) f32 */,
     ss = ecu_block_sum(ss, red);
     float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        out[base + i] = ecu_ld<T>(w, i) * (x[base + i] * inv);
+        out[base + i] = ecu_from_f32<OT>(ecu_ld<T>(w, i) * (x[base + i] * inv));
 }
 
 template <bool ADD>
@@ -71,4 +72,24 @@ extern "C" int ecu_add_rmsnorm(eng_backend_t *be, float *out, float *residual, c
     if (!out || !residual || !delta || !w || n <= 0 || dim <= 0)
         return -EINVAL;
     return s_norm_launch<true>(ecu_st(be), out, residual, delta, w, dtype, n, dim, eps);
+}
+
+/* rmsnorm rounded to the weights' dtype on the way out: the input of a cuBLASLt product
+   (matmul.cu), without the fp32 row block and the rounding pass between. out (n, dim) `dtype`
+   (bf16 or f16), w (dim) `dtype`. */
+int ecu_rmsnorm_round(ecu_state_t *st, void *out, const float *x, const void *w,
+                      eng_dtype_t dtype, int n, int dim, float eps)
+{
+    dim3 grid(n), threads(dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64);
+    if (dtype == ENG_DTYPE_BF16)
+        ECU_CHECK(ecu_launch(st, s_norm_kernel<__nv_bfloat16, false, __nv_bfloat16>, grid,
+                             threads, 0, (__nv_bfloat16 *)out, (float *)x, (const float *)NULL,
+                             (const __nv_bfloat16 *)w, dim, eps));
+    else if (dtype == ENG_DTYPE_F16)
+        ECU_CHECK(ecu_launch(st, s_norm_kernel<__half, false, __half>, grid, threads, 0,
+                             (__half *)out, (float *)x, (const float *)NULL, (const __half *)w,
+                             dim, eps));
+    else
+        return -EINVAL;
+    return 0;
 }

@@ -11,18 +11,6 @@
 */
 #include "eng_cuda_internal.h"
 
-static __device__ __forceinline__ void s_angle(int pos, int i, int head_dim, float theta,
-                                               float *c, float *s)
-{
-    /* powf rounded as the CPU's correctly rounded powf: the device powf may differ by an
-       ulp, which positions in the thousands turn into 1e-4 of angle */
-    float pw = (float)pow((double)theta, (double)((float)(2 * i) / (float)head_dim));
-    float inv_freq = 1.0f / pw;
-    float f = (float)pos * inv_freq;
-    *c = cosf(f);
-    *s = sinf(f);
-}
-
 static __global__ void s_rope_kernel(float *q /* (n_tok, n_head, hd) f32 */,
                                      float *k /* (n_tok, n_kv_head, hd) f32 */,
                                      const int32_t *pos /* (n_tok) device */, int n_head,
@@ -35,7 +23,7 @@ static __global__ void s_rope_kernel(float *q /* (n_tok, n_head, hd) f32 */,
         float *x = h < n_head ? q + ((size_t)t * n_head + h) * head_dim
                               : k + ((size_t)t * n_kv_head + (h - n_head)) * head_dim;
         float c, s;
-        s_angle(p, i, head_dim, theta, &c, &s);
+        ecu_rope_angle(p, i, head_dim, theta, &c, &s);
         float a = x[i], b = x[i + half];
         x[i] = a * c - b * s;
         x[i + half] = b * c + a * s;
@@ -116,7 +104,7 @@ static __global__ void s_rope_store_kernel(float *q_out /* (n_tok, n_head, hd) f
         int h = idx / half, i = idx % half;
         const float *x = src + (size_t)h * head_dim; /* q heads then k heads */
         float c, s;
-        s_angle(p, i, head_dim, theta, &c, &s);
+        ecu_rope_angle(p, i, head_dim, theta, &c, &s);
         float a = x[i], b = x[i + half];
         float ra = a * c - b * s, rb = b * c + a * s;
         if (h < n_head) {

@@ -774,9 +774,10 @@ int main(int argc, char **argv)
         if (!o.json)
             printf("device=%s backend=%s shape=%s copy_gbps=%.0f weights_gb=%.2f "
                    "kv_dtype=%s kv_bytes_per_token=%zu kv_capacity_tokens=%.0f layers=%d "
-                   "graphs=%s\n",
+                   "graphs=%s linear=%s\n",
                    dev, o.backend, o.shape, copy_gbps, weights_gb, eng_dtype_name(be->kv_dtype),
-                   kv_tok, cap_tokens, c.n_layer, o.graphs ? "off,on" : "off");
+                   kv_tok, cap_tokens, c.n_layer, o.graphs ? "off,on" : "off",
+                   eng_linear_enabled(be) ? "fused" : "op-by-op");
         for (int i = 0; i < o.n_batches; i++)
             if (s_decode_config(&x, m, &c, &o, dev, "decode", o.batches[i], o.prompt, o.n_new,
                                 0, copy_gbps, &res[i], &gres[i]))

@@ -4,7 +4,8 @@
     one stacked w_gu (2 ffn, hidden) and w_down; KV pools per layer from be->alloc. The
     residual stream x is fp32; h is the normalised input of the next matmul; the fused
     residual add + norm closes each half-layer. The unfused path multiplies by row slices of
-    the stacked weights, so both paths read the same numbers.
+    the stacked weights, so both paths read the same numbers. A fused model on a backend
+    with `linear` (eng_linear_enabled) runs five fused matmuls a layer instead (s_ops_linear).
 
     Graph decode (eng_bm_set_graphs): an all-decode step is padded to a batch bucket
     (eng_bm_bucket) with dummy sequences that read and write only the pad block (one block
@@ -33,7 +34,7 @@ typedef struct {
 struct eng_bm {
     eng_backend_t *be;
     eng_bm_config_t c;
-    int fused, max_tok, max_rows, n_blocks;
+    int fused, linear, max_tok, max_rows, n_blocks; /* linear: s_ops_linear */
     int graphs;                 /* decode steps through be->graph_step */
     long long graph_steps;      /* steps that went through graph_step */
     eng_graph_pad_t pad;        /* padded host arrays of a graph step */
@@ -134,6 +135,7 @@ eng_bm_t *eng_bm_new(eng_backend_t *be, const eng_bm_config_t *cfg, int n_blocks
     m->be = be;
     m->c = *cfg;
     m->fused = fused;
+    m->linear = fused && eng_linear_enabled(be);
     /* room for a padded graph step of the largest batch */
     if (eng_bm_bucket(max_tok) > max_tok)
         max_tok = eng_bm_bucket(max_tok);
@@ -333,6 +335,44 @@ int eng_bm_kv_fill(eng_bm_t *m, eng_bm_fill_fn fill, uint64_t seed)
             goto out;                                                                              \
     } while (0)
 
+/* The step through be->linear (fused models, eng_linear_enabled): norms folded into the
+   matmuls that read them, rope + KV store into QKV, SwiGLU into gate|up, the residual adds
+   into O and down (x updated in place). */
+static int s_ops_linear(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
+                        const int32_t *pos, const int32_t *slots, const int32_t *rows,
+                        int n_rows)
+{
+    eng_backend_t *be = m->be;
+    const eng_bm_config_t *c = &m->c;
+    int n = batch->q_start[batch->n_seq], rc = 0;
+    int H = c->hidden, qd = c->n_head * c->head_dim, kd = c->n_kv_head * c->head_dim;
+    eng_dtype_t wt = c->wdtype;
+    eng_linear_t f = {0};
+    f.eps = c->eps, f.norm_dtype = wt;
+    S_TRY(be->embedding(be, m->x, m->embed, wt, ids, n, H));
+    for (int l = 0; l < c->n_layer; l++) {
+        s_layer_t *L = &m->layers[l];
+        eng_linear_t qkv = f, add = f, gu = f;
+        qkv.norm_w = L->attn_norm, qkv.epi = ENG_LIN_ROPE_KV, qkv.k_cache = L->k_cache;
+        qkv.v_cache = L->v_cache, qkv.pos = pos, qkv.slots = slots, qkv.n_head = c->n_head;
+        qkv.n_kv_head = c->n_kv_head, qkv.head_dim = c->head_dim, qkv.theta = c->rope_theta;
+        S_TRY(be->linear(be, m->q, m->x, L->wqkv, NULL, wt, n, H, qd + 2 * kd, &qkv));
+        S_TRY(be->attention(be, m->att, m->q, L->k_cache, L->v_cache, batch, c->n_head,
+                            c->n_kv_head, c->head_dim, c->block_size));
+        add.epi = ENG_LIN_ADD;
+        S_TRY(be->linear(be, m->x, m->att, L->wo, NULL, wt, n, qd, H, &add));
+        gu.norm_w = L->mlp_norm, gu.epi = ENG_LIN_SWIGLU;
+        S_TRY(be->linear(be, m->act, m->x, L->w_gu, NULL, wt, n, H, 2 * c->ffn, &gu));
+        S_TRY(be->linear(be, m->x, m->act, L->w_down, NULL, wt, n, c->ffn, H, &add));
+    }
+    eng_linear_t head = f;
+    head.norm_w = m->final_norm, head.epi = ENG_LIN_PLAIN;
+    S_TRY(be->gather_rows(be, m->hl, m->x, rows, n_rows, H));
+    S_TRY(be->linear(be, m->logits, m->hl, m->lm_head, NULL, wt, n_rows, H, c->vocab, &head));
+out:
+    return rc;
+}
+
 /* The op sequence of one step (prepare, when wanted, is the caller's). */
 static int s_ops(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *ids,
                  const int32_t *pos, const int32_t *slots, const int32_t *rows, int n_rows)
@@ -397,6 +437,8 @@ typedef struct {
 static int s_record(void *ctx)
 {
     s_rec_t *r = ctx;
+    if (r->m->linear)
+        return s_ops_linear(r->m, r->batch, r->ids, r->pos, r->slots, r->rows, r->n_rows);
     return s_ops(r->m, r->batch, r->ids, r->pos, r->slots, r->rows, r->n_rows);
 }
 
@@ -429,7 +471,10 @@ int eng_bm_forward(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_t *id
             eng_step_t st = {n, ids, pos, slots, batch, n_rows, rows};
             S_TRY(be->prepare(be, &st));
         }
-        S_TRY(s_ops(m, batch, ids, pos, slots, rows, n_rows));
+        if (m->linear)
+            S_TRY(s_ops_linear(m, batch, ids, pos, slots, rows, n_rows));
+        else
+            S_TRY(s_ops(m, batch, ids, pos, slots, rows, n_rows));
     }
     *logits = m->logits;
 out:

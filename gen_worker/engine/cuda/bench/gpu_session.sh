@@ -21,6 +21,9 @@
 #                1k prompts and lengths 128..640 (scaled down from 4k to fit)
 #   bench_nopdl  the same decode batches (no decode_ctx, no grpo) with ANVIL_CUDA_PDL=0: the A/B
 #                of programmatic dependent launch in one session
+#   bench_oneop  the same decode batches and batch 256 at 2k with ANVIL_ENGINE_LINEAR=0 (the
+#                matmuls op by op, norms / rope / SwiGLU / residual adds as their own kernels):
+#                the A/B of the fused linear op in one session
 #   bench_samp8  the same decode batches with ANVIL_CUDA_SAMPLE_BLOCKS=8 (the clustered
 #                sampler: 8 blocks a row): its A/B against bench in one session
 #   load_8b      anvil-generate --backend cuda on the 8B checkpoint, 1 token: the engine's
@@ -190,6 +193,12 @@ else
         --prompt 512 --new 256 --ctx-batch 0 --grpo-prompts 0
 fi
 if [ $DRY = 1 ]; then
+    step bench_oneop 60 env ANVIL_ENGINE_LINEAR=0 "$BENCH" "${BENCH_ARGS[@]}"
+else
+    step bench_oneop 150 env ANVIL_ENGINE_LINEAR=0 "$BENCH" --cuda-graphs --batches 1,16,64,256 \
+        --prompt 512 --new 256 --ctx-batch 256 --ctx-len 2048 --ctx-new 256 --grpo-prompts 0
+fi
+if [ $DRY = 1 ]; then
     step bench_samp8 60 env ANVIL_CUDA_SAMPLE_BLOCKS=8 "$BENCH" "${BENCH_ARGS[@]}"
 else
     step bench_samp8 120 env ANVIL_CUDA_SAMPLE_BLOCKS=8 "$BENCH" --cuda-graphs --batches 1,16,64,256 \
@@ -257,6 +266,8 @@ fi
     grep -E "^(device|decode|decode_ctx|grpo|summary)" "$OUT/bench.log" 2>/dev/null
     echo "== the same decode batches without PDL (ANVIL_CUDA_PDL=0)"
     grep -E "^(device|decode|summary)" "$OUT/bench_nopdl.log" 2>/dev/null
+    echo "== the same decode batches with the matmuls op by op (ANVIL_ENGINE_LINEAR=0)"
+    grep -E "^(device|decode|decode_ctx|summary)" "$OUT/bench_oneop.log" 2>/dev/null
     echo "== the same decode batches with the clustered sampler (ANVIL_CUDA_SAMPLE_BLOCKS=8)"
     grep -E "^(device|decode|summary)" "$OUT/bench_samp8.log" 2>/dev/null
     echo "== sample call timings (test_cuda_ops)"
