@@ -551,15 +551,17 @@ s_attn_decode_finish(float *out /* (n_tok, n_head, HD) f32 */,
             }
         }
         __syncthreads();
+        /* element idx = g * HD + d of split c0 + k at po + idx + k * stride */
+        const float *po = part_o + ((size_t)(part0 + c0) * n_head + kvh * G) * HD + threadIdx.x;
+#pragma unroll 2
+        for (int k = 0; k < nc; k++, po += stride) {
 #pragma unroll
-        for (int a = 0; a < NA; a++) {
-            const int idx = threadIdx.x + a * NT, g = idx / HD, d = idx % HD;
-            if (idx >= G * HD)
-                break; /* HD 64, G 1 only */
-            const float *po = part_o + ((size_t)(part0 + c0) * n_head + kvh * G + g) * HD + d;
-#pragma unroll 4
-            for (int k = 0; k < nc; k++)
-                acc[a] += __ldcg(po + k * stride) * wt[g * 32 + k];
+            for (int a = 0; a < NA; a++) {
+                const int idx = threadIdx.x + a * NT;
+                if (idx >= G * HD)
+                    break; /* HD 64, G 1 only */
+                acc[a] += __ldcg(po + a * NT) * wt[idx / HD * 32 + k];
+            }
         }
     }
 #pragma unroll
@@ -606,7 +608,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     __shared__ __align__(16) float qs[G][HD];
     __shared__ float wm[ECU_ATTN_WARPS][G], wl[ECU_ATTN_WARPS][G];
     __shared__ __align__(16) float wo_own[STAGE ? 1 : ECU_ATTN_WARPS][G][HD];
-    __shared__ int is_last;
+    __shared__ int tok_info[4], is_last; /* {ns, part0, tok, split}: see below */
     float(*wo)[G][HD] = STAGE ? (float(*)[G][HD])s_kv_stage : wo_own; /* (WARPS, G, HD) */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     /* The next kernel (the O projection) may be launched now: it calls ecu_pdl_wait()
@@ -622,7 +624,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     if (tl.z == 0)
         return; /* an empty tile of a graph step's fixed layout (block-uniform): not counted */
     const int kvh = blockIdx.y, seq = tl.x, tok = tl.y, split = tl.w;
-    const int ns = tok_nsplit[tok], part0 = tok_part[tok];
+    const int ns_early = tok_nsplit[tok], part0_early = tok_part[tok];
     const int key_begin = split * ECU_ATTN_SPLIT;
     const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[seq]);
     const int *table = block_tables + (size_t)seq * max_blocks;
@@ -658,6 +660,11 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x)
         qs[idx / HD][idx % HD] =
             q[((size_t)tok * n_head + kvh * G + idx / HD) * HD + idx % HD] * scale;
+    /* what the end needs of the token waits in shared memory, not in registers across the
+       peak of the kernel (p.v): 78 instead of 90 registers, 6 blocks an SM, bf16 G = 4 */
+    if (threadIdx.x == 0)
+        tok_info[0] = ns_early, tok_info[1] = part0_early, tok_info[2] = tok,
+        tok_info[3] = split;
     __syncthreads();
     float sc[G];
 #pragma unroll
@@ -764,6 +771,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
             wo[warp][g][lane * PER + e] = o[g][e];
     }
     __syncthreads();
+    const int ns = tok_info[0], part0 = tok_info[1], tok_e = tok_info[2], split_e = tok_info[3];
     /* merge the warps in a fixed order; a token of one split is done here (normalised,
        straight into out: the same bits the merge of one partial would give, w = 1) */
     for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
@@ -783,9 +791,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         }
         const int h = kvh * G + g;
         if (ns == 1) {
-            out[((size_t)tok * n_head + h) * HD + d] = sum > 0.0f ? acc / sum : 0.0f;
+            out[((size_t)tok_e * n_head + h) * HD + d] = sum > 0.0f ? acc / sum : 0.0f;
         } else {
-            size_t pi = (size_t)(part0 + split) * n_head + h;
+            size_t pi = (size_t)(part0 + split_e) * n_head + h;
             part_o[pi * HD + d] = acc;
             if (d == 0)
                 part_ml[pi] = make_float2(mx, sum);
@@ -795,7 +803,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         return; /* block-uniform; such a token's only tile never touches the count */
     /* wt and mrg_m / mrg_s overlay wo and the warps' states, used up past the finish's
        first barrier */
-    s_attn_decode_finish<HD, G>(out, part_o, part_ml, count, tok, kvh, part0, ns, n_head,
+    s_attn_decode_finish<HD, G>(out, part_o, part_ml, count, tok_e, kvh, part0, ns, n_head,
                                 n_kv_head, &wo[0][0][0], wm[0], wl[0], &is_last);
 }
 
