@@ -7,21 +7,33 @@
     whole causal range. Decode tiles come first in the plan and always run in their own launch
     of the decode kernel, so a decode result is the same bits whatever else is in the batch
     (batch-invariant). Decode kernel: one block per (split, KV head), each warp 32 positions,
-    each lane one position for q.k of all G = n_head / n_kv_head heads (q in shared memory,
-    K read straight from the pool), then lanes own head dimensions for p.V (coalesced rows of
-    V); the four warps' softmax states merge in shared memory. Prefill kernel: K/V chunks of
-    32 positions widened into shared memory and reused by all rows of the tile (tokens x
-    heads), one online softmax per row and warp. Every tile writes an unnormalised partial
-    (o, max, sum); a second kernel merges each token's partials in split order and
-    normalises, so the sum order is fixed too. A graph step (graph.cu) asks for a fixed-size
-    layout instead: every sequence gets the same number of split tiles (those past its context
-    are empty and return at once), so grid sizes and buffer sizes depend only on the batch and
-    context buckets; the tiles that do run compute exactly what the ordinary plan computes.
-    The decode and combine kernels are launched with PDL (see eng_cuda_internal.h); the decode
-    kernel reads its tile, context and block-table entry before the PDL wait (the plan is
-    uploaded before a step's first kernel), issues its whole K row (fp8) before staging q, and
-    a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
-    combine computes each split's weight once into shared memory.
+    each lane one position for q.k of all G = n_head / n_kv_head heads (q in shared memory),
+    then lanes own head dimensions for p.V (coalesced rows of V); the four warps' softmax
+    states merge in shared memory. K and V are read straight from the pool, or (the staged
+    variant, bf16 and fp8 only) first copied per warp into padded shared-memory rows with
+    coalesced cp.async, K and V as two groups so q.k starts while V is in flight; both
+    variants do the same arithmetic in the same order and give identical bits, so the
+    launcher picks by grid size (ANVIL_CUDA_ATTN_STAGE=0/1 forces one). A decode token's
+    splits are merged by the decode kernel itself ("last block finishes"): each block writes
+    its unnormalised partial (o, max, sum), fences, and counts itself in on a per-(token, KV
+    head) counter (st->attn_count, zeroed when it grows); the block that completes the count
+    resets it to 0 for the next launch or graph replay and merges the splits in split order,
+    whichever block came last, so a decode-only step is one attention kernel a layer and the
+    sum order stays fixed. A token of one split writes its output directly. Prefill kernel:
+    K/V chunks of 32 positions widened into shared memory and reused by all rows of the tile
+    (tokens x heads), one online softmax per row and warp, one partial per token, normalised
+    by the combine kernel, launched over the plan's list of prefill tokens only (over every
+    token when G is not 1, 2, 4 or 8 and decode tiles also take the general kernel). A graph
+    step (graph.cu) asks for a fixed-size layout instead: every sequence gets the same number
+    of split tiles (those past its context are empty, return at once and are never counted),
+    so grid sizes and buffer sizes depend only on the batch and context buckets; the tiles
+    that do run compute exactly what the ordinary plan computes. The decode and combine
+    kernels are launched with PDL (see eng_cuda_internal.h); the decode kernel reads its tile,
+    context and block-table entry before the PDL wait (the plan is uploaded before a step's
+    first kernel), issues its whole K row (fp8, unstaged) before staging q, and a full warp's
+    V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; it triggers its
+    dependants at once, which is safe with the merge inside it because a dependant's PDL wait
+    returns only when this whole grid has completed.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -624,7 +636,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     if (tl.z == 0)
         return; /* an empty tile of a graph step's fixed layout (block-uniform): not counted */
     const int kvh = blockIdx.y, seq = tl.x, tok = tl.y, split = tl.w;
-    const int ns_early = tok_nsplit[tok], part0_early = tok_part[tok];
+    int ns_early = 0, part0_early = 0; /* tok_nsplit[tok], tok_part[tok] */
+    if constexpr (G < 8)
+        ns_early = tok_nsplit[tok], part0_early = tok_part[tok];
     const int key_begin = split * ECU_ATTN_SPLIT;
     const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[seq]);
     const int *table = block_tables + (size_t)seq * max_blocks;
@@ -660,9 +674,11 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x)
         qs[idx / HD][idx % HD] =
             q[((size_t)tok * n_head + kvh * G + idx / HD) * HD + idx % HD] * scale;
-    /* what the end needs of the token waits in shared memory, not in registers across the
-       peak of the kernel (p.v): 78 instead of 90 registers, 6 blocks an SM, bf16 G = 4 */
-    if (threadIdx.x == 0)
+    /* What the end needs of the token (G < 8) waits in shared memory, not in registers
+       across the peak of the kernel: bf16 hd128 G 4 at 76 registers, not 92. For G = 8 ptxas
+       did better (no spills at hd128) with the two reads at the end instead (measured with
+       ptxas -v only: register allocation here is sensitive to small changes). */
+    if (G < 8 && threadIdx.x == 0)
         tok_info[0] = ns_early, tok_info[1] = part0_early, tok_info[2] = tok,
         tok_info[3] = split;
     __syncthreads();
@@ -771,7 +787,8 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
             wo[warp][g][lane * PER + e] = o[g][e];
     }
     __syncthreads();
-    const int ns = tok_info[0], part0 = tok_info[1], tok_e = tok_info[2], split_e = tok_info[3];
+    const int ns = G < 8 ? tok_info[0] : tok_nsplit[tok], part0 = G < 8 ? tok_info[1] : tok_part[tok];
+    const int tok_e = G < 8 ? tok_info[2] : tok, split_e = G < 8 ? tok_info[3] : split;
     /* merge the warps in a fixed order; a token of one split is done here (normalised,
        straight into out: the same bits the merge of one partial would give, w = 1) */
     for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
