@@ -435,7 +435,6 @@ static void s_destroy(eng_backend_t **be_p)
         ecu_buf_release(&st->plan_dev);
         ecu_buf_release(&st->part_o);
         ecu_buf_release(&st->part_ml);
-        ecu_buf_release(&st->attn_count);
         ecu_buf_release(&st->samp_params);
         ecu_buf_release(&st->samp_out);
         ecu_buf_release_host(&st->samp_host);

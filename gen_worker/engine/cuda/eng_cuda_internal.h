@@ -95,14 +95,13 @@ enum {
 
 /* Attention plan of one batch (see attention.cu): device arrays plus sizes. */
 typedef struct {
-    int n_tiles, n_dec_tiles, n_tok, n_parts, n_seq, max_blocks, q_tile, n_pre_tok;
+    int n_tiles, n_dec_tiles, n_tok, n_parts, n_seq, max_blocks, q_tile;
     int4 *tiles;        /* (n_tiles) {seq, tok_begin, n_q, split} device: decode tiles first */
     int *tok_part;      /* (n_tok) first partial of each token device */
     int *tok_nsplit;    /* (n_tok) device */
     int *seq_qstart;    /* (n_seq + 1) device */
     int *seq_ctx;       /* (n_seq) device */
     int *block_tables;  /* (n_seq, max_blocks) device */
-    int *pre_tok;       /* (n_pre_tok) tokens of prefill sequences, in order device */
 } ecu_attn_plan_t;
 
 /* Blocks (one thread-block cluster) that sample one row at small batch, or always with
@@ -145,8 +144,6 @@ typedef struct {
     ecu_attn_plan_t plan;
     int plan_prepared;          /* plan belongs to the prepared batch */
     ecu_buf_t part_o, part_ml;  /* attention partials */
-    ecu_buf_t attn_count;       /* (n_tok, n_kv_head) int32 split arrivals of the decode
-                                   kernel; zeroed when it grows, 0 again after every launch */
 
     /* sampling */
     int sample_blocks;          /* blocks a row: 1, ECU_SM_CLUSTER (sm_90), 0 = by batch */
