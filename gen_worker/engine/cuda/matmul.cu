@@ -162,6 +162,22 @@ static __device__ __forceinline__ void s_kv_put(void *cache, int dtype, size_t i
         ((float *)cache)[i] = v;
 }
 
+/* The rope epilogue's inputs of row group b for the thread that will rotate pair
+   (threadIdx.x % (R/2)) of row threadIdx.x / (R/2): the angle's cosine and sine (q and k
+   heads) and the token's cache row offset. */
+static __device__ __forceinline__ void s_rope_prep(const s_gemv_args_t &a, int b, int R,
+                                                   float *rc, float *rs, size_t *kvo)
+{
+    const int half = R / 2, hd = a.head_dim;
+    if (threadIdx.x >= half * a.n)
+        return;
+    const int p = threadIdx.x % half, r = threadIdx.x / half;
+    const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R), h = o0 / hd;
+    *kvo = (size_t)a.slots[r] * a.n_kv_head * hd;
+    if (o0 >= 0 && h < a.n_head + a.n_kv_head)
+        ecu_rope_angle(a.pos[r], o0 % hd, hd, a.theta, rc, rs);
+}
+
 /* Norm modes of the GEMV: none; folded into W as it is read (any batch); x * g staged in
    shared memory by each block with the rows' sums of squares (small batches: n * in_dim <=
    ECU_GEMV_STAGE floats), which keeps the inner loop the plain one. */
@@ -216,15 +232,8 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     }
     float rc = 0.0f, rs = 0.0f;
     size_t kvo = 0;
-    if constexpr (ROPE) {
-        if (threadIdx.x < half * n) {
-            const int p = threadIdx.x % half, r = threadIdx.x / half;
-            const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R), h = o0 / hd;
-            kvo = (size_t)a.slots[r] * a.n_kv_head * hd;
-            if (o0 >= 0 && h < a.n_head + a.n_kv_head)
-                ecu_rope_angle(a.pos[r], o0 % hd, hd, a.theta, &rc, &rs);
-        }
-    }
+    if constexpr (ROPE)
+        s_rope_prep(a, b, R, &rc, &rs, &kvo);
     ecu_pdl_wait();
     ecu_pdl_trigger();
     if constexpr (NORM == S_NORM_STAGE) {
@@ -378,15 +387,8 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
         if (segs > 1 || pair)
             __syncthreads(); /* part and fin are reused by the next group */
         o = on, k = k0;
-        if constexpr (ROPE) {
-            if (threadIdx.x < half * n) {
-                const int p = threadIdx.x % half, r = threadIdx.x / half;
-                const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R), h = o0 / hd;
-                kvo = (size_t)a.slots[r] * a.n_kv_head * hd;
-                if (o0 >= 0 && h < a.n_head + a.n_kv_head)
-                    ecu_rope_angle(a.pos[r], o0 % hd, hd, a.theta, &rc, &rs);
-            }
-        }
+        if constexpr (ROPE)
+            s_rope_prep(a, b, R, &rc, &rs, &kvo);
     }
 }
 
@@ -454,8 +456,10 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
         return 0;
     a.n_blocks = (int)s_gemv_blocks(&a);
     /* A persistent grid for the staged-norm GEMVs, whose blocks start by staging the input
-       (on the H200 at batch 1: gate|up 2198 -> ~2100 us a step, QKV + rope 900 -> 735 us);
-       the others keep a block per row group (O and down: 1650 us a step, 1893 persistent).
+       (on the H200 at batch 1, with the next group's prefetch: gate|up 2198 -> ~1930 us a
+       step, QKV + rope 900 -> 696 us); the others keep a block per row group (O and down:
+       1650 us a step, 1893 persistent without that prefetch; staging their x in shared
+       memory on a persistent grid as well left them at 1641 us against 1638).
        ANVIL_CUDA_GEMV_PERSIST=0: a block per row group for all (the A/B). */
     static int persist = -1;
     if (persist < 0) {
