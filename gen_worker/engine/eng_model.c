@@ -8,7 +8,7 @@
         m = swiglu(xn Wgu^T) Wd^T                 (gate|up stacked: one matmul, swiglu_fused)
         x += m; xn = rmsnorm(x) w_next_input              (fused, or the final norm)
     then logits = xn[rows] lm_head^T and logprobs = log_softmax(logits).
-    A backend with `linear` (eng_linear_enabled) runs the same math as five fused matmuls a
+    A backend with `linear` (eng_linear_enabled) runs the same math as four fused matmuls a
     layer (s_ops_linear): each norm folded into the matmul that reads it, rope + KV store into
     the QKV product, SwiGLU into gate|up, the residual adds into the O and down products.
     The stacked weights are filled tensor by tensor into one backend buffer each (weight_into:
@@ -589,11 +589,10 @@ void eng_model_set_graphs(eng_model_t *self, int on)
         }                                                                                          \
     } while (0)
 
-/* The ops of a step up to the logits of its rows (in self->logits). */
 /* The step through be->linear: the residual stream x is updated in place by the O and
    down projections (ENG_LIN_ADD) and each norm is folded into the matmul that reads it, so a
-   layer is five kernels at small batch (QKV + rope + KV store, attention, O + add, gate|up +
-   SwiGLU, down + add). */
+   layer is six kernels at small batch (QKV + rope + KV store, attention and its combine,
+   O + add, gate|up + SwiGLU, down + add). */
 static int s_ops_linear(eng_model_t *self, const eng_forward_t *b)
 {
     const eng_model_config_t *c = &self->cfg;
@@ -634,6 +633,7 @@ out:
     return rc;
 }
 
+/* The ops of a step up to the logits of its rows (in self->logits). */
 static int s_ops(eng_model_t *self, const eng_forward_t *b)
 {
     const eng_model_config_t *c = &self->cfg;

@@ -12,7 +12,7 @@
     product); algorithms come from the heuristic once per shape and are cached. A bias, when
     given, is added by a small kernel.
     linear (ecu_linear) makes the GEMV do its neighbours' work, so that a decode layer at small
-    batch is five kernels instead of ten: the RMSNorm of its input is folded into the sum (the
+    batch is six kernels instead of ten: the RMSNorm of its input is folded into the sum (the
     norm's weights scale W's columns as they are read, each row's sum of squares is gathered in
     the same pass, and the finished sum is scaled by rsqrt(mean + eps): no norm kernel and no
     normalised copy), and an epilogue adds the result into the residual stream, or pairs rows

@@ -5,7 +5,7 @@
     residual stream x is fp32; h is the normalised input of the next matmul; the fused
     residual add + norm closes each half-layer. The unfused path multiplies by row slices of
     the stacked weights, so both paths read the same numbers. A fused model on a backend
-    with `linear` (eng_linear_enabled) runs five fused matmuls a layer instead (s_ops_linear).
+    with `linear` (eng_linear_enabled) runs four fused matmuls a layer instead (s_ops_linear).
 
     Graph decode (eng_bm_set_graphs): an all-decode step is padded to a batch bucket
     (eng_bm_bucket) with dummy sequences that read and write only the pad block (one block
