@@ -521,7 +521,9 @@ static int s_linear(eng_backend_t *be, float *out, const float *x, const void *w
         return -EINVAL;
     if (f->epi == ENG_LIN_SWIGLU && out_dim % 2)
         return -EINVAL;
-    float *xn = NULL, *y = malloc((size_t)n * out_dim * sizeof(float));
+    /* PLAIN: the product goes straight to out */
+    float *xn = NULL,
+          *y = f->epi == ENG_LIN_PLAIN ? out : malloc((size_t)n * out_dim * sizeof(float));
     int rc = y ? 0 : -ENOMEM;
     const float *xin = x;
     if (rc == 0 && f->norm_w) {
@@ -534,7 +536,6 @@ static int s_linear(eng_backend_t *be, float *out, const float *x, const void *w
     if (rc == 0) {
         switch (f->epi) {
         case ENG_LIN_PLAIN:
-            memcpy(out, y, (size_t)n * out_dim * sizeof(float));
             break;
         case ENG_LIN_ADD:
             for (size_t i = 0; i < (size_t)n * out_dim; i++)
@@ -555,7 +556,8 @@ static int s_linear(eng_backend_t *be, float *out, const float *x, const void *w
         }
     }
     free(xn);
-    free(y);
+    if (y != out)
+        free(y);
     return rc;
 }
 
