@@ -5,7 +5,7 @@
 #   deploy/gpu_kit.sh run [LOGDIR]                              (there, from the repo root)
 #
 # The device tool carries at most 64 MiB, and the CUDA test binaries alone are ~60 MB (11.6 MB
-# each, sm_90 code and compute_90 PTX); xz makes the whole kit ~16 MB. The kit holds:
+# each, sm_90 code and compute_90 PTX); xz makes the whole kit ~20 MB. The kit holds:
 # build-gpu/ (deploy/bundle.sh --gpu-tests, without anvil-generate and eng_cuda_hfcheck: add
 # them back for load_8b / vs_hf), anvil/ (deploy/bundle.sh with only the exec worker, its
 # launcher and bwrap), build/exec_worker/anvil-exec-worker (a wrapper, as gpu_bench.sh expects
@@ -13,12 +13,14 @@
 #
 # `run` unpacks the kit to /tmp/kit and runs, each under its own timeout: the exec worker's
 # figures (tests/exec_worker/gpu_bench.sh), bench_compare, the engine session
-# (gpu_session.sh: tests, bench, fp8 bench, memcheck, ncu at batch 1 and at batch 256 x 2k),
-# then tars LOGDIR (default /tmp/out) into $OUT/out.tgz and prints the figures: about 400 s
+# (gpu_session.sh: tests, bench, the op-by-op bench (the fused linear op's A/B), fp8 bench,
+# memcheck, ncu at batch 1 and at batch 256 x 2k),
+# then tars LOGDIR (default /tmp/out) into $OUT/out.tgz and prints the figures: about 460 s
 # on the H200. Carry `.device`: `bash deploy/gpu_kit.sh run` as the device command.
 # Environment for `run`: KIT_EXEC=0 skips the exec worker's figures and bench_compare;
 # KIT_STEPS replaces the engine session's step list (gpu_session.sh --only), KIT_BUDGET its
-# budget in seconds (default 300).
+# budget in seconds (default 330: with the exec figures, about 170 s, a run fits the device
+# tool's 600 s a command).
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mode=${1:-}
@@ -74,8 +76,8 @@ if [ "${KIT_EXEC:-1}" != 0 ]; then
     echo "exec gpu_bench rc=$? at $(( $(date +%s) - t0 ))s"
     for _ in 1 2 3; do "$K/bench_compare" 256 2>&1 | tail -1; done >"$log/compare.log"
 fi
-gen_worker/engine/cuda/bench/gpu_session.sh "$K/build-gpu" "$log/gpu" --budget "${KIT_BUDGET:-300}" \
-    --only "${KIT_STEPS:-graphs_test,ops_test,model_test,bench,bench_fp8,memcheck,kernels,kernels_b256}" \
+gen_worker/engine/cuda/bench/gpu_session.sh "$K/build-gpu" "$log/gpu" --budget "${KIT_BUDGET:-330}" \
+    --only "${KIT_STEPS:-graphs_test,ops_test,model_test,bench,bench_oneop,bench_fp8,memcheck,kernels,kernels_b256}" \
     >"$log/session.log" 2>&1
 echo "engine session done at $(( $(date +%s) - t0 ))s"
 rm -f "$log"/gpu/*.csv
