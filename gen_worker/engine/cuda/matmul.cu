@@ -12,10 +12,12 @@
     product); algorithms come from the heuristic once per shape and are cached. A bias, when
     given, is added by a small kernel.
     linear (ecu_linear) makes the GEMV do its neighbours' work, so that a decode layer at small
-    batch is six kernels instead of ten: the RMSNorm of its input is folded into the sum (the
-    norm's weights scale W's columns as they are read, each row's sum of squares is gathered in
-    the same pass, and the finished sum is scaled by rsqrt(mean + eps): no norm kernel and no
-    normalised copy), and an epilogue adds the result into the residual stream, or pairs rows
+    batch is six kernels instead of ten: the RMSNorm of its input is folded into the sum (at
+    small batch each block of a persistent grid stages x * g in shared memory once with the
+    rows' sums of squares; above that g scales W's columns as they are read and the sums of
+    squares are gathered in the same pass; either way the finished sum is scaled by
+    rsqrt(mean + eps): no norm kernel and no normalised copy), and an epilogue adds the result
+    into the residual stream, or pairs rows
     inside a block (gate j with up j for SwiGLU; dims i and i + head_dim/2 of a head for RoPE,
     then q written out and k, v stored in the paged caches). Larger batches compose the same
     ops from the other kernels (the norm writes the product's rounded input itself, the
