@@ -486,6 +486,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* programmatic dependent launch needs sm_90; ANVIL_CUDA_PDL=0 turns it off (A/B) */
         const char *pdl = getenv("ANVIL_CUDA_PDL");
         st->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
+        /* ANVIL_CUDA_GEMV_PERSIST=0: a block per row group for every GEMV (A/B, matmul.cu) */
+        const char *gp = getenv("ANVIL_CUDA_GEMV_PERSIST");
+        st->gemv_persist = !(gp && strcmp(gp, "0") == 0);
         /* blocks a row of the sampler: 0 = by batch (a cluster of 8 on sm_90 while the
            rows' clusters fit in two blocks an SM, see ecu_sample); ANVIL_CUDA_SAMPLE_BLOCKS=1
            or 8 fixes it (A/B) */
@@ -534,11 +537,13 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->swiglu_fused = ecu_swiglu_fused;
     be->linear = ecu_linear;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, sampler %s", prop.name,
-             st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, sampler %s",
+             prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
-             st->sample_blocks == 0 ? "8 blocks a row up to 2 x SMs / 8 rows, then 1"
-             : st->sample_blocks == 1 ? "1 block a row" : "8 blocks a row");
+             st->gemv_persist ? "persistent (staged norm)" : "a block a group",
+             st->sample_blocks == 0   ? "8 blocks a row up to 2 x SMs / 8 rows, then 1"
+             : st->sample_blocks == 1 ? "1 block a row"
+                                      : "8 blocks a row");
     return be;
 fail:
     s_destroy(&be);

@@ -121,6 +121,7 @@ typedef struct {
     int device;
     int n_sm;
     int pdl;                    /* launch decode kernels with programmatic dependent launch */
+    int gemv_persist;           /* persistent grid for the staged-norm GEMVs (matmul.cu) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;

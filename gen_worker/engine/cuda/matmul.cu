@@ -17,15 +17,11 @@
     rows' sums of squares; above that g scales W's columns as they are read and the sums of
     squares are gathered in the same pass; either way the finished sum is scaled by
     rsqrt(mean + eps): no norm kernel and no normalised copy), and an epilogue adds the result
-    into the residual stream, or pairs rows
-    inside a block (gate j with up j for SwiGLU; dims i and i + head_dim/2 of a head for RoPE,
-    then q written out and k, v stored in the paged caches). Larger batches compose the same
-    ops from the other kernels (the norm writes the product's rounded input itself, the
-    residual add is cuBLASLt's beta).
+    into the residual stream, or pairs rows inside a block (gate j with up j for SwiGLU; dims
+    i and i + head_dim/2 of a head for RoPE, then q written out and k, v stored in the paged
+    caches). Larger batches compose the same ops from the other kernels (the norm writes the
+    product's rounded input itself, the residual add is cuBLASLt's beta).
 */
-#include <stdlib.h>
-#include <string.h>
-
 #include "eng_cuda_internal.h"
 
 #define ECU_GEMV_MAX 8
@@ -191,11 +187,11 @@ enum { S_NORM_NONE = 0, S_NORM_FOLD = 1, S_NORM_STAGE = 2 };
    as fit on the GPU at once, each taking row groups blockIdx.x, + gridDim.x, ... (a block of
    one group lived a few microseconds, and its start-up, the staged norm input, and its end,
    the epilogue, were paid per group; the launcher uses it where that pays, see
-   s_gemv_launch_n). Each lane streams its segment in chunks of U 16-byte
-   loads, the next chunk's loads issued before the current one is used. The first group's
-   first chunk is loaded before the PDL wait, a later group's while the group before it is
-   reduced and stored: weights do not depend on the kernel before, so
-   their fetch overlaps that kernel's tail; x is read only after the wait. With segs > 1 a
+   s_gemv_launch_n). Each lane streams its segment in chunks of U 16-byte loads, the next
+   chunk's loads issued before the current one is used. The first group's first chunk is
+   loaded before the PDL wait, a later group's while the group before it is reduced and
+   stored: weights do not depend on the kernel before, so their fetch overlaps that kernel's
+   tail; x is read only after the wait. With segs > 1 a
    row's segments are consecutive warps, and the segment-0 warp adds the others' sums in
    segment order, so a row's result does not depend on the schedule. Then the epilogue: the
    norm's scale and the bias, and a plain store, an add into the residual (its value fetched
@@ -441,8 +437,8 @@ static unsigned s_gemv_blocks(const s_gemv_args_t *a)
     return (unsigned)((a->out_dim + R - 1) / R);
 }
 
-/* 1 when launched, 0 when the shape does not fit the GEMV (the caller composes), < 0 on error */
-/* The rope epilogue (double pow, full-precision sincos with its slow path) is its own
+/* 1 when launched, 0 when the shape does not fit the GEMV (the caller composes), < 0 on error.
+   The rope epilogue (double pow, full-precision sincos with its slow path) is its own
    instantiation: in the others it cost registers and a stack frame. */
 template <int N, typename T, int NORM>
 static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
@@ -462,13 +458,9 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
        step, QKV + rope 900 -> 696 us); the others keep a block per row group (O and down:
        1650 us a step, 1893 persistent without that prefetch; staging their x in shared
        memory on a persistent grid as well left them at 1641 us against 1638).
-       ANVIL_CUDA_GEMV_PERSIST=0: a block per row group for all (the A/B). */
-    static int persist = -1;
-    if (persist < 0) {
-        const char *e = getenv("ANVIL_CUDA_GEMV_PERSIST");
-        persist = !(e && strcmp(e, "0") == 0);
-    }
-    const bool pgrid = persist && NORM == S_NORM_STAGE;
+       ANVIL_CUDA_GEMV_PERSIST=0 (st->gemv_persist, read at start): a block per row group for
+       all (the A/B). */
+    const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
     const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
     if (rope)
         ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, grid, dim3(ECU_GEMV_WARPS * 32),

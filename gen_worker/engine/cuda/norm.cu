@@ -34,11 +34,17 @@ static __global__ void s_norm_kernel(OT *out /* (n, dim) OT */,
         out[base + i] = ecu_from_f32<OT>(ecu_ld<T>(w, i) * (x[base + i] * inv));
 }
 
+/* threads a row's block: enough to cover the row in a few passes */
+static dim3 s_norm_threads(int dim)
+{
+    return dim3(dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64);
+}
+
 template <bool ADD>
 static int s_norm_launch(const ecu_state_t *st, float *out, float *x, const float *delta,
                          const void *w, eng_dtype_t dtype, int n, int dim, float eps)
 {
-    dim3 grid(n), threads(dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64);
+    dim3 grid(n), threads = s_norm_threads(dim);
     switch (dtype) {
     case ENG_DTYPE_F32:
         ECU_CHECK(ecu_launch(st, s_norm_kernel<float, ADD>, grid, threads, 0, out, x, delta,
@@ -80,7 +86,7 @@ extern "C" int ecu_add_rmsnorm(eng_backend_t *be, float *out, float *residual, c
 int ecu_rmsnorm_round(ecu_state_t *st, void *out, const float *x, const void *w,
                       eng_dtype_t dtype, int n, int dim, float eps)
 {
-    dim3 grid(n), threads(dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64);
+    dim3 grid(n), threads = s_norm_threads(dim);
     if (dtype == ENG_DTYPE_BF16)
         ECU_CHECK(ecu_launch(st, s_norm_kernel<__nv_bfloat16, false, __nv_bfloat16>, grid,
                              threads, 0, (__nv_bfloat16 *)out, (float *)x, (const float *)NULL,
