@@ -21,7 +21,7 @@ def test_scored_job_through_the_broker(cluster, tiny_model, tmp_path):
     if anvil_cluster.binary("anvil-exec-worker") is None:
         pytest.skip("anvil-exec-worker is not built")
     prompts = str(tmp_path / "kb.jsonl")
-    cluster.cli("import", "kernelbench", os.path.join(anvil_cluster.SHARED, "datasets", "kernelbench"),
+    cluster.cli("import", "kernelbench", anvil_cluster.need_datasets("kernelbench"),
                 "--level", "1", "--limit", "3", "--out", prompts)
     cluster.start_gen_worker("gen0", tiny_model, "--threads", "1")
     cluster.spawn("exec0", "anvil-exec-worker",
