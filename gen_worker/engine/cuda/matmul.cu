@@ -300,13 +300,25 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
                     cur[u] = nxt[u];
             }
         }
-        for (; live && k < kend; k += 256) {
-            s_raw8<T> raw;
-            s_load8(raw, wr + k);
-            if constexpr (NORM == S_NORM_STAGE)
-                s_fma8<N, T, false, true>(acc, ss, raw, (const float *)xs4, nw, n, in_dim, k);
-            else
-                s_fma8<N, T, NORM == S_NORM_FOLD, false>(acc, ss, raw, x, nw, n, in_dim, k);
+        if (live && k < kend) {
+            /* the tail, fewer than U pieces: all its loads issued before the first is used
+               (one round trip, not one a piece; same sums in the same order) */
+            s_raw8<T> tail[U - 1];
+#pragma unroll
+            for (int u = 0; u < U - 1; u++)
+                if (k + u * 256 < kend)
+                    s_load8(tail[u], wr + k + u * 256);
+#pragma unroll
+            for (int u = 0; u < U - 1; u++) {
+                if (k + u * 256 >= kend)
+                    break;
+                if constexpr (NORM == S_NORM_STAGE)
+                    s_fma8<N, T, false, true>(acc, ss, tail[u], (const float *)xs4, nw, n,
+                                              in_dim, k + u * 256);
+                else
+                    s_fma8<N, T, NORM == S_NORM_FOLD, false>(acc, ss, tail[u], x, nw, n,
+                                                             in_dim, k + u * 256);
+            }
         }
         /* the next group's first chunk is fetched while this one's sums are reduced and
            stored */
