@@ -217,6 +217,8 @@ static void test_rope_kv(int hd)
 
 /* Mixed batch: a fresh prefill chunk, a long decode (several splits), a continued prefill
    chunk, a decode of context 1; shuffled block tables. */
+static const char *s_attn_tag = ""; /* names the decode kernel under test */
+
 static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
 {
     char name[128];
@@ -260,7 +262,7 @@ static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
     int rc = be->attention(be, go, gq, gk, gv, &b, nh, nkv, hd, bs);
     ecu_t_check(rc == 0, "attention returns 0");
     ecu_t_get(be, got, go, qn * 4);
-    snprintf(name, sizeof(name), "attention hd=%d heads=%d/%d kv=%s", hd, nh, nkv,
+    snprintf(name, sizeof(name), "attention%s hd=%d heads=%d/%d kv=%s", s_attn_tag, hd, nh, nkv,
              eng_dtype_name(be->kv_dtype));
     ecu_t_close(name, got, ref, qn, 2e-5);
 
@@ -280,8 +282,8 @@ static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
     float *go1 = be->alloc(be, (size_t)nh * hd * 4), *alone = malloc((size_t)nh * hd * 4);
     be->attention(be, go1, gq + (size_t)q_start[1] * nh * hd, gk, gv, &b1, nh, nkv, hd, bs);
     ecu_t_get(be, alone, go1, (size_t)nh * hd * 4);
-    snprintf(name, sizeof(name), "attention batch-invariant decode hd=%d kv=%s", hd,
-             eng_dtype_name(be->kv_dtype));
+    snprintf(name, sizeof(name), "attention%s batch-invariant decode hd=%d heads=%d/%d kv=%s",
+             s_attn_tag, hd, nh, nkv, eng_dtype_name(be->kv_dtype));
     ecu_t_check(memcmp(alone, got + (size_t)q_start[1] * nh * hd, (size_t)nh * hd * 4) == 0,
                 name);
     be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go), be->free(be, go1);
@@ -645,6 +647,27 @@ int main(void)
     test_attention(gpu32, 64, 28, 4);
     test_attention(gpu8, 128, 32, 8);
     test_attention(gpu8, 64, 28, 4);
+    /* the tensor-core decode (ANVIL_CUDA_ATTN_MMA=1): bf16 and fp8 KV, 4 and 8 query heads a KV
+       head, head_dim 128 and 64; 7 a KV head falls back to the FMA kernel */
+    setenv("ANVIL_CUDA_ATTN_MMA", "1", 1);
+    eng_backend_t *mma16 = eng_cuda_backend_new_kv(ENG_DTYPE_BF16);
+    eng_backend_t *mma8 = eng_cuda_backend_new_kv(ENG_DTYPE_F8E4M3);
+    unsetenv("ANVIL_CUDA_ATTN_MMA");
+    ecu_t_check(mma16 && mma8, "backends with the mma decode attention");
+    if (mma16 && mma8) {
+        static const int cases[7][4] = {/* fp8, head_dim, heads, KV heads */
+                                        {0, 128, 32, 8}, {0, 128, 64, 8}, {0, 64, 32, 4},
+                                        {1, 128, 32, 8}, {1, 128, 64, 8}, {1, 64, 16, 2},
+                                        {1, 128, 28, 4}};
+        s_attn_tag = " (mma)";
+        for (int c = 0; c < 7; c++)
+            test_attention(cases[c][0] ? mma8 : mma16, cases[c][1], cases[c][2], cases[c][3]);
+        s_attn_tag = "";
+    }
+    if (mma16)
+        mma16->destroy(&mma16);
+    if (mma8)
+        mma8->destroy(&mma8);
     test_elementwise();
     test_linears();
     test_softmax_sample(gpu, "blocks a row by batch (the default)");

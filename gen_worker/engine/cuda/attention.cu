@@ -21,7 +21,9 @@
     kernel reads its tile, context and block-table entry before the PDL wait (the plan is
     uploaded before a step's first kernel), issues its whole K row (fp8) before staging q, and
     a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
-    combine computes each split's weight once into shared memory.
+    combine computes each split's weight once into shared memory. With ANVIL_CUDA_ATTN_MMA=1
+    (st->attn_mma) decode tiles of bf16 / fp8 KV with 4 or 8 query heads a KV head run a
+    tensor-core kernel instead (s_attn_decode_mma_kernel, below): the same tiles and partials.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -399,6 +401,32 @@ static __device__ __forceinline__ void s_pv_acc(float (&o)[G][PER], const s_vp<P
     }
 }
 
+/* A decode block's partial of head g (row pi of the partials), dim d: its warps' (o, max, sum)
+   merged in a fixed order; o_of(w) is warp w's unnormalised o of (g, d) */
+template <int G, typename F>
+static __device__ __forceinline__ void s_warps_merge(const float (&wm)[ECU_ATTN_WARPS][G],
+                                                     const float (&wl)[ECU_ATTN_WARPS][G], int g,
+                                                     F o_of, float *part_o, float2 *part_ml,
+                                                     size_t pi, int hd, int d)
+{
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < ECU_ATTN_WARPS; w++)
+        mx = fmaxf(mx, wm[w][g]);
+    float acc = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ECU_ATTN_WARPS; w++) {
+        if (wm[w][g] == -INFINITY)
+            continue;
+        const float f = __expf(wm[w][g] - mx);
+        acc += o_of(w) * f;
+        sum += wl[w][g] * f;
+    }
+    part_o[pi * hd + d] = acc;
+    if (d == 0)
+        part_ml[pi] = make_float2(mx, sum);
+}
+
 template <int HD, int G, typename T>
 static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     s_attn_decode_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
@@ -526,26 +554,285 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
             wo[warp][g][lane * PER + e] = o[g][e];
     }
     __syncthreads();
-    /* merge the warps in a fixed order */
+    const size_t pi0 = (size_t)(tok_part[tok] + split) * n_head + kvh * G;
     for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
-        int g = idx / HD, d = idx % HD;
-        float mx = -INFINITY;
+        const int g = idx / HD, d = idx % HD;
+        s_warps_merge<G>(wm, wl, g, [&](int w) { return wo[w][g][d]; }, part_o, part_ml,
+                         pi0 + g, HD, d);
+    }
+}
+
+/* ---- Tensor-core decode (st->attn_mma, ANVIL_CUDA_ATTN_MMA=1): bf16 or fp8 KV, G = 4 or 8 ----
+   The same tiles and partials as s_attn_decode_kernel (one block per split and KV head, a warp
+   per 32 positions, the warps merged in a fixed order); a warp's q.k and p.v are mma.sync
+   m16n8k16 with fp32 accumulation instead of one FMA a product: 48 mma a warp for G = 4, where
+   the FMA kernel issues ~1000 FMAs and ~130 shuffles a lane. Inputs are f16 for fp8 KV (every
+   e4m3 value is exact in f16) and bf16 for bf16 KV. q and p enter as hi + lo pairs (x = hi +
+   lo, the residual rounded again: ~22 bits with f16, ~16 with bf16), not one 16-bit rounding,
+   so results stay within the FMA path's tolerance. q beyond the f16 range (|q| / sqrt(hd) >
+   65504) is not representable on the fp8 path.
+   q.k, S = Q K^T: A = Q, rows g = q_hi of head g, rows 8 + g = its q_lo; B = K, a column a
+   key. The sum over dimensions may take them in any order, so a lane (group g = lane / 4,
+   tig = lane % 4) loads one contiguous quarter of a K row (key 8 t + g, dims tig HD/4 ..) and
+   the k slots are defined to match: k-step s, slot 2 tig + c <-> dim tig HD/4 + 4 s + c, slot
+   8 + 2 tig + c <-> dim tig HD/4 + 4 s + 2 + c; q's fragments are built once a block in that
+   order. A score is C[g][key] + C[8 + g][key].
+   p.v, O^T = V^T P^T: B = P^T straight from the q.k accumulators (C's row g, columns 2 tig + c
+   is B's column g, rows 2 tig + c: no shuffle); A = V^T, whose m-tile rows g and 8 + g a lane
+   maps to HD / 8 contiguous dims of a V row, the two keys of a register pair interleaved from
+   two rows with prmt. For G <= 4, B's columns 4..7 carry p_lo (taken from lane ^ 16), so one
+   mma covers hi and lo; for G = 8 a second mma takes p_lo. K and V rows are all loaded before
+   q is staged (one round trip a warp). */
+
+/* D += A B (m16n8k16, row.col, fp32 accumulate): f16 inputs for fp8 KV, bf16 for bf16 KV */
+template <typename T>
+static __device__ __forceinline__ void s_mma16816(float (&d)[4], unsigned a0, unsigned a1,
+                                                  unsigned a2, unsigned a3, unsigned b0,
+                                                  unsigned b1)
+{
+    if constexpr (sizeof(T) == 1)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* (x, y) as a pair of the mma's 16-bit type (x in the low half) and the pair of residuals */
+template <typename T>
+static __device__ __forceinline__ void s_hilo(float x, float y, unsigned &hi, unsigned &lo)
+{
+    if constexpr (sizeof(T) == 1) {
+        const __half2 h = __floats2half2_rn(x, y);
+        const float2 f = __half22float2(h);
+        const __half2 l = __floats2half2_rn(x - f.x, y - f.y);
+        hi = *(const unsigned *)&h, lo = *(const unsigned *)&l;
+    } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        const float2 f = __bfloat1622float2(h);
+        const __nv_bfloat162 l = __floats2bfloat162_rn(x - f.x, y - f.y);
+        hi = *(const unsigned *)&h, lo = *(const unsigned *)&l;
+    }
+}
+
+/* two e4m3 (the low byte first) as an f16 pair, exactly */
+static __device__ __forceinline__ unsigned s_e4m3x2_h2(unsigned u)
+{
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
+    return (unsigned)h.x | ((unsigned)h.y << 16);
+}
+
+/* NW 32-bit words from p (16-byte aligned for NW % 4 == 0, 8-byte for NW == 2), or zeros */
+template <int NW>
+static __device__ __forceinline__ void s_ldw(unsigned (&w)[NW], const void *p, bool ok)
+{
+    static_assert(NW % 4 == 0 || NW == 2, "row pieces are 8 bytes or whole 16-byte units");
+    if constexpr (NW % 4 == 0) {
 #pragma unroll
-        for (int w = 0; w < ECU_ATTN_WARPS; w++)
-            mx = fmaxf(mx, wm[w][g]);
-        float acc = 0.0f, sum = 0.0f;
-#pragma unroll
-        for (int w = 0; w < ECU_ATTN_WARPS; w++) {
-            if (wm[w][g] == -INFINITY)
-                continue;
-            float f = __expf(wm[w][g] - mx);
-            acc += wo[w][g][d] * f;
-            sum += wl[w][g] * f;
+        for (int i = 0; i < NW / 4; i++) {
+            const uint4 u = ok ? ((const uint4 *)p)[i] : make_uint4(0, 0, 0, 0);
+            w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
         }
-        size_t pi = (size_t)(tok_part[tok] + split) * n_head + kvh * G + g;
-        part_o[pi * HD + d] = acc;
-        if (d == 0)
-            part_ml[pi] = make_float2(mx, sum);
+    } else {
+        const uint2 u = ok ? *(const uint2 *)p : make_uint2(0, 0);
+        w[0] = u.x, w[1] = u.y;
+    }
+}
+
+/* The A pairs of p.v from the same dims of two V rows (keys 2 tig and 2 tig + 1 of a k-step
+   half): pr[d] = {r0[d], r1[d]} for the lane's DV dims, r0 in the low half. */
+template <typename T, int VW>
+static __device__ __forceinline__ void s_vpairs(const unsigned (&r0)[VW],
+                                                const unsigned (&r1)[VW], unsigned *pr)
+{
+#pragma unroll
+    for (int w = 0; w < VW; w++) {
+        if constexpr (sizeof(T) == 1) {
+            const unsigned x = __byte_perm(r0[w], r1[w], 0x5140); /* r0.b0 r1.b0 r0.b1 r1.b1 */
+            const unsigned y = __byte_perm(r0[w], r1[w], 0x7362); /* r0.b2 r1.b2 r0.b3 r1.b3 */
+            pr[4 * w] = s_e4m3x2_h2(x), pr[4 * w + 1] = s_e4m3x2_h2(x >> 16);
+            pr[4 * w + 2] = s_e4m3x2_h2(y), pr[4 * w + 3] = s_e4m3x2_h2(y >> 16);
+        } else {
+            pr[2 * w] = __byte_perm(r0[w], r1[w], 0x5410);     /* the low halves */
+            pr[2 * w + 1] = __byte_perm(r0[w], r1[w], 0x7632); /* the high halves */
+        }
+    }
+}
+
+template <int HD, int G, typename T>
+static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
+    s_attn_decode_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
+                             const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
+                             const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
+                             const int *tok_part /* (n_tok) */, const int *seq_ctx /* (n_seq) */,
+                             const int *block_tables /* (n_seq, mb) */, int max_blocks,
+                             int block_size, int n_head, int n_kv_head, float scale,
+                             float *part_o /* (n_parts, n_head, HD) f32 */,
+                             float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+{
+    static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
+    static_assert(sizeof(T) <= 2, "the mma decode takes bf16 or fp8 KV");
+    constexpr bool F8 = sizeof(T) == 1;
+    constexpr int KS = HD / 16;                    /* k-steps of q.k */
+    constexpr int DQ = HD / 4;                     /* dims of a K row a lane loads */
+    constexpr int KW = DQ * (int)sizeof(T) / 4;    /* ... in 32-bit words */
+    constexpr int DV = HD / 8;                     /* dims of a V row a lane loads */
+    constexpr int VW = DV * (int)sizeof(T) / 4;    /* ... in 32-bit words */
+    constexpr int MT = HD / 16;                    /* m-tiles of p.v (dims g DV + i, + MT + i) */
+    constexpr int WS = DV * 8 + 8;                 /* wo words of a lane group: padded so the
+                                                      8 groups start 8 banks apart */
+    __shared__ uint4 qf[KS][32];                   /* q.k A fragments, in lane order */
+    __shared__ float wm[ECU_ATTN_WARPS][G], wl[ECU_ATTN_WARPS][G];
+    __shared__ __align__(16) float wo[ECU_ATTN_WARPS][8 * WS]; /* (dim, 8 columns) */
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    ecu_pdl_trigger();
+    const int4 tl = tiles[blockIdx.x]; /* read before the PDL wait, see the FMA kernel */
+    if (tl.z == 0)
+        return;
+    const int kvh = blockIdx.y, seq = tl.x, tok = tl.y, split = tl.w;
+    const int key_begin = split * ECU_ATTN_SPLIT;
+    const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[seq]);
+    const int *table = block_tables + (size_t)seq * max_blocks;
+    const size_t kv_row = (size_t)n_kv_head * HD;
+    const int wbase = key_begin + warp * 32, nvalid = max(0, min(32, key_end - wbase));
+    const int key = wbase + lane;
+    const int pos = lane < nvalid ? table[key / block_size] * block_size + key % block_size : 0;
+    ecu_pdl_wait();
+
+    /* K rows of keys 8 t + g (the lane's quarter tig), V rows of keys 16 s + 8 h + 2 tig + c
+       (the lane's eighth g); rows past the context are zeros (no NaN reaches the mma) */
+    unsigned kw[4][KW], vw[2][2][2][VW];
+    const T *kb = k_cache + (size_t)kvh * HD + tig * DQ, *vb = v_cache + (size_t)kvh * HD + g * DV;
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const int kk = 8 * t + g, p = __shfl_sync(full, pos, kk);
+        s_ldw<KW>(kw[t], kb + (size_t)p * kv_row, kk < nvalid);
+    }
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int kk = 16 * s + 8 * h + 2 * tig + c, p = __shfl_sync(full, pos, kk);
+                s_ldw<VW>(vw[s][h][c], vb + (size_t)p * kv_row, kk < nvalid);
+            }
+    /* q's A fragments: {hi, lo} of dims (4 s, 4 s + 1) then of (4 s + 2, 4 s + 3) of the
+       quarter tig, heads g < G (rows past G are zeros) */
+    for (int idx = threadIdx.x; idx < KS * 32; idx += blockDim.x) {
+        const int s = idx >> 5, ln = idx & 31, gg = ln >> 2, tt = ln & 3;
+        uint4 f = make_uint4(0, 0, 0, 0);
+        if (gg < G) {
+            const float4 x =
+                *(const float4 *)(q + ((size_t)tok * n_head + kvh * G + gg) * HD + tt * DQ + 4 * s);
+            s_hilo<T>(x.x * scale, x.y * scale, f.x, f.y);
+            s_hilo<T>(x.z * scale, x.w * scale, f.z, f.w);
+        }
+        qf[s][ln] = f;
+    }
+    __syncthreads();
+
+    /* q.k: four n-tiles of 8 keys */
+    float sacc[4][4];
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+        sacc[t][0] = sacc[t][1] = sacc[t][2] = sacc[t][3] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < KS; s++) {
+        const uint4 a = qf[s][lane];
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            unsigned b0, b1;
+            if constexpr (F8)
+                b0 = s_e4m3x2_h2(kw[t][s]), b1 = s_e4m3x2_h2(kw[t][s] >> 16);
+            else
+                b0 = kw[t][2 * s], b1 = kw[t][2 * s + 1];
+            s_mma16816<T>(sacc[t], a.x, a.y, a.z, a.w, b0, b1);
+        }
+    }
+    /* softmax of query g over the warp's 32 keys: the lane holds keys 8 t + 2 tig + c, the
+       other three of its group the rest */
+    float pr[4][2], mx = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const bool ok = 8 * t + 2 * tig + c < nvalid;
+            pr[t][c] = ok ? sacc[t][c] + sacc[t][2 + c] : -INFINITY;
+            mx = fmaxf(mx, pr[t][c]);
+        }
+    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 2));
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            pr[t][c] = pr[t][c] == -INFINITY ? 0.0f : __expf(pr[t][c] - mx);
+            l += pr[t][c];
+        }
+    l += __shfl_xor_sync(full, l, 1);
+    l += __shfl_xor_sync(full, l, 2);
+    /* B of p.v, k-step s: rows 2 tig + c from n-tile 2 s, rows 8 + 2 tig + c from 2 s + 1 */
+    unsigned ph[2][2], pl[2][2];
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            s_hilo<T>(pr[2 * s + h][0], pr[2 * s + h][1], ph[s][h], pl[s][h]);
+            if constexpr (G <= 4) { /* columns 4..7: p_lo of query g - 4, from lane ^ 16 */
+                const unsigned o = __shfl_xor_sync(full, pl[s][h], 16);
+                ph[s][h] = g < 4 ? ph[s][h] : o;
+            }
+        }
+
+    /* p.v: m-tile i holds dims g DV + i (rows g) and g DV + MT + i (rows g + 8) */
+    float oacc[MT][4], oacc2[G > 4 ? MT : 1][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+        if constexpr (G > 4)
+            oacc2[i][0] = oacc2[i][1] = oacc2[i][2] = oacc2[i][3] = 0.0f;
+    }
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        unsigned a0[DV], a1[DV];
+        s_vpairs<T, VW>(vw[s][0][0], vw[s][0][1], a0);
+        s_vpairs<T, VW>(vw[s][1][0], vw[s][1][1], a1);
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            s_mma16816<T>(oacc[i], a0[i], a0[MT + i], a1[i], a1[MT + i], ph[s][0], ph[s][1]);
+            if constexpr (G > 4)
+                s_mma16816<T>(oacc2[i], a0[i], a0[MT + i], a1[i], a1[MT + i], pl[s][0],
+                              pl[s][1]);
+        }
+    }
+    /* the warp's (dim, column) results into shared memory; columns: query n (G = 8: hi + lo
+       summed here), or for G <= 4 hi of query n < 4 and lo of query n - 4 */
+    float *wow = wo[warp] + g * WS + 2 * tig;
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        float2 r0 = make_float2(oacc[i][0], oacc[i][1]), r8 = make_float2(oacc[i][2], oacc[i][3]);
+        if constexpr (G > 4) {
+            r0.x += oacc2[i][0], r0.y += oacc2[i][1], r8.x += oacc2[i][2], r8.y += oacc2[i][3];
+        }
+        *(float2 *)(wow + i * 8) = r0;        /* dim g DV + i */
+        *(float2 *)(wow + (MT + i) * 8) = r8; /* dim g DV + MT + i */
+    }
+    if (tig == 0 && g < G)
+        wm[warp][g] = nvalid > 0 ? mx : -INFINITY, wl[warp][g] = l;
+    __syncthreads();
+    const size_t pi0 = (size_t)(tok_part[tok] + split) * n_head + kvh * G;
+    for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+        const int qg = idx / HD, d = idx % HD, at = (d / DV) * WS + (d % DV) * 8 + qg;
+        s_warps_merge<G>(wm, wl, qg, [&](int w) {
+            return G <= 4 ? wo[w][at] + wo[w][at + 4] : wo[w][at];
+        }, part_o, part_ml, pi0 + qg, HD, d);
     }
 }
 
@@ -635,6 +922,17 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
                                 int block_size)
 {
     dim3 grid(p->n_dec_tiles, n_kv_head);
+    if constexpr ((G == 4 || G == 8) && sizeof(T) <= 2) {
+        if (st->attn_mma) {
+            ECU_CHECK(ecu_launch(st, s_attn_decode_mma_kernel<HD, G, T>, grid,
+                                 dim3(ECU_ATTN_WARPS * 32), 0, q, (const T *)kc, (const T *)vc,
+                                 (const int4 *)p->tiles, p->tok_part, p->seq_ctx,
+                                 p->block_tables, p->max_blocks, block_size, n_head, n_kv_head,
+                                 1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
+                                 (float2 *)st->part_ml.ptr));
+            return 0;
+        }
+    }
     ECU_CHECK(ecu_launch(st, s_attn_decode_kernel<HD, G, T>, grid, dim3(ECU_ATTN_WARPS * 32), 0,
                          q, (const T *)kc, (const T *)vc, (const int4 *)p->tiles, p->tok_part,
                          p->seq_ctx, p->block_tables, p->max_blocks, block_size, n_head,

@@ -489,6 +489,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_PERSIST=0: a block per row group for every GEMV (A/B, matmul.cu) */
         const char *gp = getenv("ANVIL_CUDA_GEMV_PERSIST");
         st->gemv_persist = !(gp && strcmp(gp, "0") == 0);
+        /* ANVIL_CUDA_ATTN_MMA=1: decode attention on tensor cores for bf16 / fp8 KV and 4 or 8
+           query heads a KV head (A/B, attention.cu) */
+        const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
+        st->attn_mma = am && strcmp(am, "1") == 0;
         /* blocks a row of the sampler: 0 = by batch (a cluster of 8 on sm_90 while the
            rows' clusters fit in two blocks an SM, see ecu_sample); ANVIL_CUDA_SAMPLE_BLOCKS=1
            or 8 fixes it (A/B) */
@@ -537,10 +541,12 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->swiglu_fused = ecu_swiglu_fused;
     be->linear = ecu_linear;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, sampler %s",
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, decode "
+             "attention %s, sampler %s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
+             st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->sample_blocks == 0   ? "8 blocks a row up to 2 x SMs / 8 rows, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
                                       : "8 blocks a row");

@@ -122,6 +122,7 @@ typedef struct {
     int n_sm;
     int pdl;                    /* launch decode kernels with programmatic dependent launch */
     int gemv_persist;           /* persistent grid for the staged-norm GEMVs (matmul.cu) */
+    int attn_mma;               /* tensor-core decode attention (attention.cu) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;
