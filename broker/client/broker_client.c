@@ -68,6 +68,7 @@ typedef struct {
     zlistx_t *queue;          /* zframe_t * waiting to go to the broker */
     int64_t last_rx_ms, next_hb_ms, reconnect_at_ms, last_ready_ms;
     int64_t backoff_ms;
+    bool stop;                /* the application asked the thread to stop */
 } s_conn_t;
 
 /* The ready file: the worker id, written once when the broker first answers (a readiness
@@ -126,12 +127,20 @@ static void s_send_ready(broker_client_t *c, s_conn_t *k)
     k->last_ready_ms = anv_now_ms();
 }
 
+static bool s_from_app(broker_client_t *c, s_conn_t *k, int max);
+
 static void s_send_heartbeat(broker_client_t *c, s_conn_t *k)
 {
     Anvil__Envelope env;
     Anvil__Heartbeat hb = ANVIL__HEARTBEAT__INIT;
     anv_msg_init(&env);
     pthread_mutex_lock(&c->lock);
+    /* broker_client_send drops a lease from `held` and hands the unit's last message to the up
+       pipe under this lock: moving everything in the pipe out first (to the DEALER or the
+       queue, in order) keeps that message ahead of a heartbeat that no longer lists the lease.
+       Otherwise the broker could read the heartbeat first and re-queue the unit as lost in
+       transit (seen under load: a finished unit dispatched again) */
+    s_from_app(c, k, -1);
     size_t n = zhashx_size(c->held);
     char **ids = n ? calloc(n, sizeof *ids) : NULL;
     size_t i = 0;
@@ -157,7 +166,18 @@ static void s_send_heartbeat(broker_client_t *c, s_conn_t *k)
     hb.weight_version = st.weight_version ? st.weight_version : c->weight_version;
     env.body_case = ANVIL__ENVELOPE__BODY_HEARTBEAT;
     env.heartbeat = &hb;
-    s_send_env(c, k, &env);
+    if (zlistx_size(k->queue)) {
+        /* results still wait for the DEALER (a full pipe, a reconnect): the heartbeat goes
+           behind them, for the same reason as above */
+        size_t len;
+        uint8_t *buf = anv_msg_encode(&env, &len);
+        zframe_t *f = buf ? zframe_new(buf, len) : NULL;
+        if (f)
+            zlistx_add_end(k->queue, f);
+        free(buf);
+    } else {
+        s_send_env(c, k, &env);
+    }
     for (size_t j = 0; j < i; j++)
         free(ids[j]);
     free(ids);
@@ -284,19 +304,21 @@ static void s_from_broker(broker_client_t *c, s_conn_t *k)
     }
 }
 
-/* returns false when asked to stop */
-static bool s_from_app(broker_client_t *c, s_conn_t *k)
+/* Moves up to max (< 0: all) messages from the application's pipe to the broker, in order;
+   returns false once asked to stop (k->stop) */
+static bool s_from_app(broker_client_t *c, s_conn_t *k, int max)
 {
-    for (int i = 0; i < 1000; i++) {
+    for (int i = 0; !k->stop && (max < 0 || i < max); i++) {
         zmq_msg_t m;
         zmq_msg_init(&m);
         if (zmq_msg_recv(&m, zsock_resolve(c->up_thr), ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&m);
-            return true;
+            break;
         }
         if (zmq_msg_size(&m) == 0) {
             zmq_msg_close(&m);
-            return false;
+            k->stop = true;
+            break;
         }
         if (zmq_msg_size(&m) == 1) { /* control: heartbeat now (an envelope is never 1 byte) */
             zmq_msg_close(&m);
@@ -314,7 +336,7 @@ static bool s_from_app(broker_client_t *c, s_conn_t *k)
         if (f)
             zlistx_add_end(k->queue, f);
     }
-    return true;
+    return !k->stop;
 }
 
 static void s_destroy_frame(void **item)
@@ -366,7 +388,7 @@ static void *s_thread(void *arg)
         if (rc < 0 && errno != EINTR)
             break;
         if (rc > 0 && (items[0].revents & ZMQ_POLLIN))
-            run = s_from_app(c, &k);
+            run = s_from_app(c, &k, 1000);
         if (k.dealer && rc > 0 && (items[1].revents & ZMQ_POLLIN))
             s_from_broker(c, &k);
         s_flush(c, &k);
@@ -377,6 +399,8 @@ static void *s_thread(void *arg)
             s_send_heartbeat(c, &k);
             k.next_hb_ms = now + c->hb_ms;
         }
+        if (k.stop) /* a stop seen while a heartbeat emptied the pipe */
+            run = false;
         if (k.dealer && now - k.last_rx_ms > (int64_t)c->hb_ms * c->misses) {
             ANV_WARN("broker '%s' silent for %lld ms: reconnecting in %lld ms", c->endpoint,
                      (long long)(now - k.last_rx_ms), (long long)k.backoff_ms);
