@@ -33,12 +33,14 @@
 #   vs_hf        hf_compare.py: the engine against HF on a 2-layer Seed-Coder shape
 #   vs_hf_fp8    the same with the KV cache in fp8 (ANVIL_CUDA_KV=fp8): its accuracy cost
 #   model_mma    test_cuda_model with ANVIL_CUDA_ATTN_MMA=1 (the tensor-core decode attention;
-#                test_cuda_ops checks its op on its own)
+#                test_cuda_ops checks its op on its own; both model tests have 4 query heads a
+#                KV head and bf16 KV, so they run it)
 #   graphs_mma   test_cuda_graphs with ANVIL_CUDA_ATTN_MMA=1
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_mma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=1: the
 #                A/B of the mma decode against bench_fp8 and bench (batch 256 x 2k) in one session
 #   memcheck     memcheck.sh: compute-sanitizer memcheck on a short whole-model run
+#   memcheck_mma the same with ANVIL_CUDA_ATTN_MMA=1
 #   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
 #                (time, DRAM bytes, GB/s) and the time between kernels
 #   kernels_b256 the same for one batch-256 step at 2k context (ncu_step.py --ctx-len 2048):
@@ -265,6 +267,7 @@ if [ $DRY = 0 ]; then
         done' "$BENCH"
 fi
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
+step memcheck_mma 120 env ANVIL_CUDA_ATTN_MMA=1 "$TESTS/memcheck.sh" "$T_MODEL"
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
     step kernels 240 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
     step kernels_b256 120 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 256 \
