@@ -27,6 +27,9 @@ check "bench exits 0" $rc
 [ "$(echo "$out" | grep -c '^decode batch=')" -eq 2 ]; check "two decode lines" $?
 [ "$(echo "$out" | grep -c '^decode_ctx batch=2 ')" -eq 1 ]; check "one decode_ctx line" $?
 [ "$(echo "$out" | tail -1 | cut -d' ' -f1)" = summary ]; check "summary line last" $?
+d=$(echo "$out" | grep '^device=')
+[ "$(field "$d" linear)" = fused ] && [ "$(field "$d" attention)" = cpu ]
+check "device line names the linear path and the attention kernel" $?
 g=$(echo "$out" | grep '^grpo ')
 [ -n "$g" ]; check "grpo line" $?
 [ "$(field "$g" prefills)" = 6 ]; check "prefills = prompts (prefix sharing)" $?
@@ -51,6 +54,8 @@ check "json run exits 0" $?
 [ "$(echo "$js" | grep -c '^{"bench":')" -eq "$(echo "$js" | wc -l)" ]; check "json: objects only" $?
 echo "$js" | grep -q '"bench":"grpo".*"prefills":6,'; check "json grpo prefills" $?
 echo "$js" | tail -1 | grep -q '"bench":"summary"'; check "json summary last" $?
+echo "$js" | tail -1 | grep -q '"kv_dtype":"F32","linear":"fused","attention":"cpu"'
+check "json summary: kv dtype, linear path, attention kernel" $?
 
 "$bin" --backend cpu --shape tiny --batches 0 >/dev/null 2>&1
 [ $? -eq 2 ]; check "bad --batches refused (exit 2)" $?

@@ -971,6 +971,15 @@ static int s_attn_launch_hd(ecu_state_t *st, const ecu_attn_plan_t *p, const flo
     return 0;
 }
 
+extern "C" const char *eng_cuda_decode_attention(eng_backend_t *be, int n_head, int n_kv_head)
+{
+    if (!be || !be->name || strcmp(be->name, "cuda") != 0 || n_head <= 0 || n_kv_head <= 0)
+        return NULL;
+    const int g = n_head % n_kv_head ? 0 : n_head / n_kv_head;
+    const bool mma = ecu_st(be)->attn_mma && be->kv_dtype != ENG_DTYPE_F32 && (g == 4 || g == 8);
+    return mma ? "mma" : "fma";
+}
+
 extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, const void *k_cache,
                              const void *v_cache, const eng_attn_batch_t *batch, int n_head,
                              int n_kv_head, int head_dim, int block_size)

@@ -774,10 +774,11 @@ int main(int argc, char **argv)
         if (!o.json)
             printf("device=%s backend=%s shape=%s copy_gbps=%.0f weights_gb=%.2f "
                    "kv_dtype=%s kv_bytes_per_token=%zu kv_capacity_tokens=%.0f layers=%d "
-                   "graphs=%s linear=%s\n",
+                   "graphs=%s linear=%s attention=%s\n",
                    dev, o.backend, o.shape, copy_gbps, weights_gb, eng_dtype_name(be->kv_dtype),
                    kv_tok, cap_tokens, c.n_layer, o.graphs ? "off,on" : "off",
-                   eng_linear_enabled(be) ? "fused" : "op-by-op");
+                   eng_linear_enabled(be) ? "fused" : "op-by-op",
+                   x.cuda ? eng_cuda_decode_attention(be, c.n_head, c.n_kv_head) : "cpu");
         for (int i = 0; i < o.n_batches; i++)
             if (s_decode_config(&x, m, &c, &o, dev, "decode", o.batches[i], o.prompt, o.n_new,
                                 0, copy_gbps, &res[i], &gres[i]))
@@ -828,8 +829,11 @@ int main(int argc, char **argv)
     }
     if (o.json) {
         printf("{\"bench\":\"summary\",\"device\":\"%s\",\"backend\":\"%s\",\"copy_gbps\":%.0f,"
-               "\"kv_capacity_tokens\":%.0f,\"weights_gb\":%.2f",
-               dev, o.backend, copy_gbps, cap_tokens, weights_gb);
+               "\"kv_capacity_tokens\":%.0f,\"weights_gb\":%.2f,\"kv_dtype\":\"%s\","
+               "\"linear\":\"%s\",\"attention\":\"%s\"",
+               dev, o.backend, copy_gbps, cap_tokens, weights_gb, eng_dtype_name(be->kv_dtype),
+               eng_linear_enabled(be) ? "fused" : "op-by-op",
+               x.cuda ? eng_cuda_decode_attention(be, c.n_head, c.n_kv_head) : "cpu");
         for (int i = 0; i < o.n_batches; i++) {
             printf(",\"b%d_tok_s\":%.1f", res[i].batch, res[i].tok_s);
             if (o.graphs)
