@@ -413,8 +413,8 @@ def _batch(tmp_path, items, *extra, watch=None):
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
         done = len(lines)
-        names = sorted(f.name for f in work.rglob("ref*.anvt")) if watch else []
-        if watch and len(lines) == done:
+        names = _ref_outputs(work) if watch else []
+        if watch and names is not None and len(lines) == done:
             watch(done, names)
         time.sleep(0.02)
     if proc.poll() is None:
@@ -423,6 +423,16 @@ def _batch(tmp_path, items, *extra, watch=None):
     for t in readers:
         t.join()
     return proc.returncode, "".join(err), [json.loads(l) for l in lines if l.startswith("{")]
+
+
+def _ref_outputs(work):
+    """The reference output files under work, or None when a sandbox directory vanished
+    during the scan (the worker removes them at the end of an evaluation): that scan saw a
+    moment it cannot describe, and the next one looks again."""
+    try:
+        return sorted(f.name for f in work.rglob("ref*.anvt"))
+    except FileNotFoundError:
+        return None
 
 
 def test_reference_trials_overlap_candidate_load(tmp_path):
