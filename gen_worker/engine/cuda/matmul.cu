@@ -160,30 +160,20 @@ static __device__ __forceinline__ void s_kv_put(void *cache, int dtype, size_t i
         ((float *)cache)[i] = v;
 }
 
-/* The rope epilogue's inputs of a row group for one thread: the angle's cosine and sine (q
-   and k heads) and the token's cache row offset. They wait in shared memory, each thread's
-   in its own slot, not in registers across the group's stream: registers held 93 a thread,
-   2 blocks an SM, and QKV + rope ran at 2318 GB/s against gate|up's 3947 at 3 blocks. */
-typedef struct {
-    float c, s;
-    size_t kvo;
-} s_rope_t;
-
-/* Row group b's rope inputs for the thread that will rotate pair (threadIdx.x % (R/2)) of
-   row threadIdx.x / (R/2). */
+/* The rope epilogue's inputs of row group b for the thread that will rotate pair
+   (threadIdx.x % (R/2)) of row threadIdx.x / (R/2): the angle's cosine and sine (q and k
+   heads) and the token's cache row offset. */
 static __device__ __forceinline__ void s_rope_prep(const s_gemv_args_t &a, int b, int R,
-                                                   s_rope_t *st)
+                                                   float *rc, float *rs, size_t *kvo)
 {
     const int half = R / 2, hd = a.head_dim;
     if (threadIdx.x >= half * a.n)
         return;
     const int p = threadIdx.x % half, r = threadIdx.x / half;
     const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R), h = o0 / hd;
-    float c = 0.0f, sn = 0.0f;
+    *kvo = (size_t)a.slots[r] * a.n_kv_head * hd;
     if (o0 >= 0 && h < a.n_head + a.n_kv_head)
-        ecu_rope_angle(a.pos[r], o0 % hd, hd, a.theta, &c, &sn);
-    st[threadIdx.x].c = c, st[threadIdx.x].s = sn;
-    st[threadIdx.x].kvo = (size_t)a.slots[r] * a.n_kv_head * hd;
+        ecu_rope_angle(a.pos[r], o0 % hd, hd, a.theta, rc, rs);
 }
 
 /* Norm modes of the GEMV: none; folded into W as it is read (any batch); x * g staged in
@@ -211,8 +201,8 @@ enum { S_NORM_NONE = 0, S_NORM_FOLD = 1, S_NORM_STAGE = 2 };
    group's weights start to arrive, the first group's before the wait, from the step's
    prepared positions and slots, uploaded before its first kernel). */
 template <int N, typename T, int NORM, bool ROPE>
-static __device__ __forceinline__ void s_gemv_body(const T *w /* (out_dim, in_dim) T */,
-                                                   const s_gemv_args_t &a)
+static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
+    s_gemv_kernel(const T *w /* (out_dim, in_dim) T */, const s_gemv_args_t a)
 {
     /* loads per chunk per lane (a chunk spans U * 256 columns); from 4 rows, 2 keep the
        kernel within its registers (4 spilled) */
@@ -238,9 +228,10 @@ static __device__ __forceinline__ void s_gemv_body(const T *w /* (out_dim, in_di
         for (int u = 0; u < U; u++)
             s_load8(cur[u], w + (size_t)o * in_dim + k + u * 256);
     }
-    __shared__ s_rope_t rope[ROPE ? ECU_GEMV_WARPS * 32 : 1];
+    float rc = 0.0f, rs = 0.0f;
+    size_t kvo = 0;
     if constexpr (ROPE)
-        s_rope_prep(a, b, R, rope);
+        s_rope_prep(a, b, R, &rc, &rs, &kvo);
     ecu_pdl_wait();
     ecu_pdl_trigger();
     if constexpr (NORM == S_NORM_STAGE) {
@@ -382,10 +373,8 @@ static __device__ __forceinline__ void s_gemv_body(const T *w /* (out_dim, in_di
                     a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
                 } else {
                     const int hh = hd / 2, h = o0 / hd, i = o0 % hd;
-                    const s_rope_t rp = rope[threadIdx.x];
-                    const size_t kvo = rp.kvo;
                     if (h < a.n_head + a.n_kv_head) {
-                        const float ra = va * rp.c - vb * rp.s, rb = vb * rp.c + va * rp.s;
+                        const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
                         if (h < a.n_head) {
                             float *q = a.out + ((size_t)r * a.n_head + h) * hd;
                             q[i] = ra, q[i + hh] = rb;
@@ -409,36 +398,8 @@ static __device__ __forceinline__ void s_gemv_body(const T *w /* (out_dim, in_di
             __syncthreads(); /* part and fin are reused by the next group */
         o = on, k = k0;
         if constexpr (ROPE)
-            s_rope_prep(a, b, R, rope);
+            s_rope_prep(a, b, R, &rc, &rs, &kvo);
     }
-}
-
-template <int N, typename T, int NORM, bool ROPE>
-static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
-    s_gemv_kernel(const T *w /* (out_dim, in_dim) T */, const s_gemv_args_t a)
-{
-    s_gemv_body<N, T, NORM, ROPE>(w, a);
-}
-
-/* The staged-norm RoPE GEMV at 1 or 2 rows (QKV at batch 1-2) held 113 / 105 registers a
-   thread, 2 blocks (16 warps) an SM, and ran at 2318 GB/s on the H200 where gate|up, at 3
-   blocks, ran at 3947. Held to 3 blocks (80 registers) it keeps a few values in local
-   memory that are read once a row group, outside the weight stream's loop (nvdisasm). */
-template <int N, typename T>
-static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32, 3)
-    s_gemv_rope3_kernel(const T *w /* (out_dim, in_dim) T */, const s_gemv_args_t a)
-{
-    s_gemv_body<N, T, S_NORM_STAGE, true>(w, a);
-}
-
-/* The kernel that runs a GEMV instantiation */
-template <int N, typename T, int NORM, bool ROPE>
-static constexpr void (*s_gemv_fn())(const T *, const s_gemv_args_t)
-{
-    if constexpr (ROPE && NORM == S_NORM_STAGE && N <= 2)
-        return s_gemv_rope3_kernel<N, T>;
-    else
-        return s_gemv_kernel<N, T, NORM, ROPE>;
 }
 
 /* Column segments a row for the GEMV: short weight matrices (QKV, O, down at batch 1) fill
@@ -455,7 +416,7 @@ static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, 
     static int per_sm = 0; /* resident blocks an SM, per instantiation */
     const size_t smem = NORM == S_NORM_STAGE ? ECU_GEMV_STAGE * sizeof(float) : 0;
     if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                            &per_sm, s_gemv_fn<N, T, NORM, ROPE>(), ECU_GEMV_WARPS * 32, smem) !=
+                            &per_sm, s_gemv_kernel<N, T, NORM, ROPE>, ECU_GEMV_WARPS * 32, smem) !=
                             cudaSuccess ||
                         per_sm <= 0))
         per_sm = 1;
@@ -514,10 +475,10 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
     const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
     const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
     if (rope)
-        ECU_CHECK(ecu_launch(st, s_gemv_fn<N, T, NORM, true>(), grid,
-                             dim3(ECU_GEMV_WARPS * 32), smem, w, a));
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, grid, dim3(ECU_GEMV_WARPS * 32),
+                             smem, w, a));
     else
-        ECU_CHECK(ecu_launch(st, s_gemv_fn<N, T, NORM, false>(), grid,
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, false>, grid,
                              dim3(ECU_GEMV_WARPS * 32), smem, w, a));
     return 1;
 }
