@@ -647,19 +647,20 @@ int main(void)
     test_attention(gpu32, 64, 28, 4);
     test_attention(gpu8, 128, 32, 8);
     test_attention(gpu8, 64, 28, 4);
-    /* the tensor-core decode (ANVIL_CUDA_ATTN_MMA=1): bf16 and fp8 KV, 4 and 8 query heads a KV
-       head, head_dim 128 and 64; 7 a KV head falls back to the FMA kernel */
-    setenv("ANVIL_CUDA_ATTN_MMA", "1", 1);
+    /* the FMA decode kernel (ANVIL_CUDA_ATTN_MMA=0; the backends above run the tensor-core one
+       where it applies): bf16 and fp8 KV, 4 and 8 query heads a KV head, head_dim 128 and 64,
+       and 7 a KV head (the FMA kernel either way) */
+    setenv("ANVIL_CUDA_ATTN_MMA", "0", 1);
     eng_backend_t *mma16 = eng_cuda_backend_new_kv(ENG_DTYPE_BF16);
     eng_backend_t *mma8 = eng_cuda_backend_new_kv(ENG_DTYPE_F8E4M3);
     unsetenv("ANVIL_CUDA_ATTN_MMA");
-    ecu_t_check(mma16 && mma8, "backends with the mma decode attention");
+    ecu_t_check(mma16 && mma8, "backends with the FMA decode attention");
     if (mma16 && mma8) {
         static const int cases[7][4] = {/* fp8, head_dim, heads, KV heads */
                                         {0, 128, 32, 8}, {0, 128, 64, 8}, {0, 64, 32, 4},
                                         {1, 128, 32, 8}, {1, 128, 64, 8}, {1, 64, 16, 2},
                                         {1, 128, 28, 4}};
-        s_attn_tag = " (mma)";
+        s_attn_tag = " (fma)";
         for (int c = 0; c < 7; c++)
             test_attention(cases[c][0] ? mma8 : mma16, cases[c][1], cases[c][2], cases[c][3]);
         s_attn_tag = "";

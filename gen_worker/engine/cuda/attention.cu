@@ -21,9 +21,9 @@
     kernel reads its tile, context and block-table entry before the PDL wait (the plan is
     uploaded before a step's first kernel), issues its whole K row (fp8) before staging q, and
     a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
-    combine computes each split's weight once into shared memory. With ANVIL_CUDA_ATTN_MMA=1
-    (st->attn_mma) decode tiles of bf16 / fp8 KV with 4 or 8 query heads a KV head run a
-    tensor-core kernel instead (s_attn_decode_mma_kernel, below): the same tiles and partials.
+    combine computes each split's weight once into shared memory. Decode tiles of bf16 / fp8
+    KV with 4 or 8 query heads a KV head run a tensor-core kernel instead (st->attn_mma, off
+    with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same tiles and partials.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -562,7 +562,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     }
 }
 
-/* ---- Tensor-core decode (st->attn_mma, ANVIL_CUDA_ATTN_MMA=1): bf16 or fp8 KV, G = 4 or 8 ----
+/* ---- Tensor-core decode (st->attn_mma, the default): bf16 or fp8 KV, G = 4 or 8 ----
    The same tiles and partials as s_attn_decode_kernel (one block per split and KV head, a warp
    per 32 positions, the warps merged in a fixed order); a warp's q.k and p.v are mma.sync
    m16n8k16 with fp32 accumulation instead of one FMA a product: 48 mma a warp for G = 4, where

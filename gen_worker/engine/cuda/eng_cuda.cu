@@ -489,10 +489,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_PERSIST=0: a block per row group for every GEMV (A/B, matmul.cu) */
         const char *gp = getenv("ANVIL_CUDA_GEMV_PERSIST");
         st->gemv_persist = !(gp && strcmp(gp, "0") == 0);
-        /* ANVIL_CUDA_ATTN_MMA=1: decode attention on tensor cores for bf16 / fp8 KV and 4 or 8
-           query heads a KV head (A/B, attention.cu) */
+        /* decode attention on tensor cores for bf16 / fp8 KV and 4 or 8 query heads a KV head
+           (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
-        st->attn_mma = am && strcmp(am, "1") == 0;
+        st->attn_mma = !(am && strcmp(am, "0") == 0);
         /* blocks a row of the sampler: 0 = by batch (a cluster of 8 on sm_90 while the
            rows' clusters fit in two blocks an SM, see ecu_sample); ANVIL_CUDA_SAMPLE_BLOCKS=1
            or 8 fixes it (A/B) */

@@ -32,21 +32,20 @@
 #   hf_peer      hf_peer_bench.py: HF transformers generate at the same decode batches
 #   vs_hf        hf_compare.py: the engine against HF on a 2-layer Seed-Coder shape
 #   vs_hf_fp8    the same with the KV cache in fp8 (ANVIL_CUDA_KV=fp8): its accuracy cost
-#   model_mma    test_cuda_model with ANVIL_CUDA_ATTN_MMA=1 (the tensor-core decode attention;
-#                test_cuda_ops checks its op on its own; both model tests have 4 query heads a
-#                KV head and bf16 KV, so they run it)
-#   graphs_mma   test_cuda_graphs with ANVIL_CUDA_ATTN_MMA=1
+#   model_fma    test_cuda_model with ANVIL_CUDA_ATTN_MMA=0 (the FMA decode attention; by default
+#                both model tests, GQA 8/2 with bf16 KV, run the tensor-core one)
+#   graphs_fma   test_cuda_graphs with ANVIL_CUDA_ATTN_MMA=0
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
-#   bench_mma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=1: the
-#                A/B of the mma decode against bench_fp8 and bench (batch 256 x 2k) in one session
+#   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
+#                FMA decode's side of the A/B against bench_fp8 and bench in one session
 #   memcheck     memcheck.sh: compute-sanitizer memcheck on a short whole-model run
-#   memcheck_mma the same with ANVIL_CUDA_ATTN_MMA=1
+#   memcheck_fma the same with ANVIL_CUDA_ATTN_MMA=0
 #   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
 #                (time, DRAM bytes, GB/s) and the time between kernels
 #   kernels_b256 the same for one batch-256 step at 2k context (ncu_step.py --ctx-len 2048):
 #                where the "10k tok/s at batch 256 x 2k" goal's time goes
-#   kernels_mma  the batch-256 x 2k step with fp8 KV, by the FMA decode (OUT/fp8) and by the mma
-#                decode (OUT/mma, ANVIL_CUDA_ATTN_MMA=1)
+#   kernels_fma  the batch-256 x 2k step with fp8 KV, by the mma decode (OUT/fp8) and by the FMA
+#                decode (OUT/fma, ANVIL_CUDA_ATTN_MMA=0)
 #
 # The device tool brings back only a few files from $OUT: give OUT outside it and tar it,
 #   gpu_session.sh build-gpu /tmp/gpu; tar czf $OUT/gpu.tgz -C /tmp gpu
@@ -194,8 +193,8 @@ fi
 step graphs_test 90 "$T_GRAPHS"
 step ops_test 90 "$T_OPS"
 step model_test 90 "$T_MODEL"
-step model_mma 90 env ANVIL_CUDA_ATTN_MMA=1 "$T_MODEL"
-step graphs_mma 90 env ANVIL_CUDA_ATTN_MMA=1 "$T_GRAPHS"
+step model_fma 90 env ANVIL_CUDA_ATTN_MMA=0 "$T_MODEL"
+step graphs_fma 90 env ANVIL_CUDA_ATTN_MMA=0 "$T_GRAPHS"
 step bench 200 "$BENCH" "${BENCH_ARGS[@]}"
 if [ $DRY = 1 ]; then
     step bench_nopdl 60 env ANVIL_CUDA_PDL=0 "$BENCH" "${BENCH_ARGS[@]}"
@@ -261,20 +260,20 @@ if [ $DRY = 0 ]; then
     step vs_hf_fp8 120 env ANVIL_CUDA_KV=fp8 "$PY" "$TESTS/hf_compare.py" "$HFCHECK"
     step bench_fp8 120 "$BENCH" --kv-dtype fp8 --cuda-graphs --batches 1,256 --prompt 512 \
         --new 128 --ctx-batch 256 --ctx-len 2048 --ctx-new 256 --grpo-prompts 0
-    step bench_mma 200 env ANVIL_CUDA_ATTN_MMA=1 bash -c 'for kv in fp8 bf16; do
+    step bench_fma 200 env ANVIL_CUDA_ATTN_MMA=0 bash -c 'for kv in fp8 bf16; do
             "$0" --kv-dtype $kv --cuda-graphs --batches 1,256 --prompt 512 --new 128 \
                 --ctx-batch 256 --ctx-len 2048 --ctx-new 256 --grpo-prompts 0 || exit 1
         done' "$BENCH"
 fi
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
-step memcheck_mma 120 env ANVIL_CUDA_ATTN_MMA=1 "$TESTS/memcheck.sh" "$T_MODEL"
+step memcheck_fma 120 env ANVIL_CUDA_ATTN_MMA=0 "$TESTS/memcheck.sh" "$T_MODEL"
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
     step kernels 240 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
     step kernels_b256 120 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 256 \
         --ctx-len 2048
-    step kernels_mma 240 env ANVIL_CUDA_KV=fp8 bash -c '
+    step kernels_fma 240 env ANVIL_CUDA_KV=fp8 bash -c '
             "$0" "$1" --bench "$2" --out "$3/fp8" --batch 256 --ctx-len 2048 || exit 1
-            ANVIL_CUDA_ATTN_MMA=1 "$0" "$1" --bench "$2" --out "$3/mma" --batch 256 \
+            ANVIL_CUDA_ATTN_MMA=0 "$0" "$1" --bench "$2" --out "$3/fma" --batch 256 \
                 --ctx-len 2048' "$PY" "$BENCHDIR/ncu_step.py" "$BENCH" "$OUT"
 else
     log "kernels: needs ncu and the GPU, not run"
@@ -297,14 +296,14 @@ fi
     echo "== fp8 KV: accuracy (vs HF) and speed"
     grep -E "^(engine vs|HF bf16|ok|FAIL)" "$OUT/vs_hf_fp8.log" 2>/dev/null
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fp8.log" 2>/dev/null
-    echo "== the mma decode attention (ANVIL_CUDA_ATTN_MMA=1): fp8 KV, then bf16"
-    grep -E "^(device|decode|decode_ctx)" "$OUT/bench_mma.log" 2>/dev/null
+    echo "== the FMA decode attention (ANVIL_CUDA_ATTN_MMA=0): fp8 KV, then bf16"
+    grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fma.log" 2>/dev/null
     echo "== one batch-1 decode step, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels_b256.log" 2>/dev/null
-    echo "== the same step with fp8 KV: FMA decode, then mma decode (ncu)"
-    grep -E "^(kernel|step) " "$OUT/kernels_mma.log" 2>/dev/null
+    echo "== the same step with fp8 KV: mma decode, then FMA decode (ncu)"
+    grep -E "^(kernel|step) " "$OUT/kernels_fma.log" 2>/dev/null
 } > "$OUT/figures.txt"
 log "done in $(( $(date +%s) - START ))s; summary:"
 cat "$SUMMARY" | tee -a "$OUT/session.log"
