@@ -47,8 +47,8 @@ int eng_cuda_graph_stats(eng_backend_t *be, long long *captures, long long *laun
 int eng_cuda_device_name(eng_backend_t *be, char *buf, size_t len);
 
 /* The decode attention kernel that CUDA backend be runs for a model with n_head query and
-   n_kv_head KV heads, for reports: "mma" (ANVIL_CUDA_ATTN_MMA=1 with bf16 or fp8 KV and 4 or
-   8 query heads a KV head) or "fma"; NULL when be is not a CUDA backend. */
+   n_kv_head KV heads, for reports: "mma" (bf16 or fp8 KV and 4 or 8 query heads a KV head,
+   unless ANVIL_CUDA_ATTN_MMA=0) or "fma"; NULL when be is not a CUDA backend. */
 const char *eng_cuda_decode_attention(eng_backend_t *be, int n_head, int n_kv_head);
 
 #ifdef __cplusplus
