@@ -922,21 +922,14 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
                                 int block_size)
 {
     dim3 grid(p->n_dec_tiles, n_kv_head);
-    if constexpr ((G == 4 || G == 8) && sizeof(T) <= 2) {
-        if (st->attn_mma) {
-            ECU_CHECK(ecu_launch(st, s_attn_decode_mma_kernel<HD, G, T>, grid,
-                                 dim3(ECU_ATTN_WARPS * 32), 0, q, (const T *)kc, (const T *)vc,
-                                 (const int4 *)p->tiles, p->tok_part, p->seq_ctx,
-                                 p->block_tables, p->max_blocks, block_size, n_head, n_kv_head,
-                                 1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
-                                 (float2 *)st->part_ml.ptr));
-            return 0;
-        }
-    }
-    ECU_CHECK(ecu_launch(st, s_attn_decode_kernel<HD, G, T>, grid, dim3(ECU_ATTN_WARPS * 32), 0,
-                         q, (const T *)kc, (const T *)vc, (const int4 *)p->tiles, p->tok_part,
-                         p->seq_ctx, p->block_tables, p->max_blocks, block_size, n_head,
-                         n_kv_head, 1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
+    auto kernel = s_attn_decode_kernel<HD, G, T>; /* the two decode kernels share a signature */
+    if constexpr ((G == 4 || G == 8) && sizeof(T) <= 2)
+        if (st->attn_mma)
+            kernel = s_attn_decode_mma_kernel<HD, G, T>;
+    ECU_CHECK(ecu_launch(st, kernel, grid, dim3(ECU_ATTN_WARPS * 32), 0, q, (const T *)kc,
+                         (const T *)vc, (const int4 *)p->tiles, p->tok_part, p->seq_ctx,
+                         p->block_tables, p->max_blocks, block_size, n_head, n_kv_head,
+                         1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
                          (float2 *)st->part_ml.ptr));
     return 0;
 }
