@@ -252,6 +252,7 @@ int ecu_prepare(eng_backend_t *be, const eng_step_t *step)
     ecu_state_t *st = ecu_st(be);
     st->step_valid = 0;
     st->plan_prepared = 0;
+    st->rope_tab_ok = 0;
     if (!step)
         return 0;
     int n = step->n_tok > 0 ? step->n_tok : 0, nr = step->n_rows > 0 ? step->n_rows : 0;
@@ -433,6 +434,7 @@ static void s_destroy(eng_backend_t **be_p)
             ecu_buf_release(&st->idx[i]);
         ecu_buf_release(&st->step_dev);
         ecu_buf_release(&st->plan_dev);
+        ecu_buf_release(&st->rope_tab);
         ecu_buf_release(&st->part_o);
         ecu_buf_release(&st->part_ml);
         ecu_buf_release(&st->samp_params);
@@ -482,6 +484,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         goto fail;
     }
     st->n_sm = prop.multiProcessorCount;
+    st->smem_per_sm = prop.sharedMemPerMultiprocessor ? prop.sharedMemPerMultiprocessor : 1;
     {
         /* programmatic dependent launch needs sm_90; ANVIL_CUDA_PDL=0 turns it off (A/B) */
         const char *pdl = getenv("ANVIL_CUDA_PDL");
@@ -489,6 +492,13 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_PERSIST=0: a block per row group for every GEMV (A/B, matmul.cu) */
         const char *gp = getenv("ANVIL_CUDA_GEMV_PERSIST");
         st->gemv_persist = !(gp && strcmp(gp, "0") == 0);
+        /* ANVIL_CUDA_GEMV_RING=1: the GEMV streams its weights through a cp.async ring in
+           shared memory (matmul.cu; A/B) */
+        const char *gr = getenv("ANVIL_CUDA_GEMV_RING");
+        st->gemv_ring = gr && strcmp(gr, "1") == 0;
+        /* ANVIL_CUDA_GEMV_WAVES: resident waves the GEMV's column segments aim for (2.5) */
+        const char *gw = getenv("ANVIL_CUDA_GEMV_WAVES");
+        st->gemv_waves2 = gw && atof(gw) >= 0.5 && atof(gw) <= 64 ? (int)(atof(gw) * 2) : 5;
         /* decode attention on tensor cores for bf16 / fp8 KV and 4 or 8 query heads a KV head
            (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
@@ -545,7 +555,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
              "attention %s, sampler %s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
-             st->gemv_persist ? "persistent (staged norm)" : "a block a group",
+             st->gemv_ring      ? "persistent, cp.async ring"
+             : st->gemv_persist ? "persistent (staged norm)"
+                                : "a block a group",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->sample_blocks == 0   ? "8 blocks a row up to 2 x SMs / 8 rows, then 1"
              : st->sample_blocks == 1 ? "1 block a row"

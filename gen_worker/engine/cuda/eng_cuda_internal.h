@@ -120,8 +120,11 @@ typedef struct {
 typedef struct {
     int device;
     int n_sm;
+    size_t smem_per_sm;         /* shared memory an SM can hold (bytes) */
     int pdl;                    /* launch decode kernels with programmatic dependent launch */
     int gemv_persist;           /* persistent grid for the staged-norm GEMVs (matmul.cu) */
+    int gemv_ring;              /* the cp.async ring GEMV (matmul.cu) */
+    int gemv_waves2;            /* resident waves x 2 the GEMV's segments aim for (matmul.cu) */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
@@ -145,6 +148,12 @@ typedef struct {
     ecu_buf_t plan_dev;
     ecu_attn_plan_t plan;
     int plan_prepared;          /* plan belongs to the prepared batch */
+    /* the QKV GEMV's rope angles (matmul.cu): (n, head_dim / 2) {cos, sin}; rope_tab_ok
+       while it holds the prepared step's first rope_tab_n positions for rope_tab_hd and
+       rope_tab_theta */
+    ecu_buf_t rope_tab;
+    int rope_tab_ok, rope_tab_n, rope_tab_hd;
+    float rope_tab_theta;
     ecu_buf_t part_o, part_ml;  /* attention partials */
 
     /* sampling */

@@ -79,9 +79,9 @@ typedef struct {
     float eps;
     int n, in_dim, out_dim, segs, epi, n_blocks; /* n_blocks: row groups (s_gemv_blocks) */
     void *k_cache, *v_cache; /* ROPE_KV: (n_blocks, block_size, n_kv_head, head_dim) kv_dtype */
-    const int32_t *pos, *slots; /* ROPE_KV: (n) device */
+    const int32_t *slots;    /* ROPE_KV: (n) device */
+    const float2 *angles;    /* ROPE_KV: (n, head_dim / 2) {cos, sin} (s_rope_angles) */
     int n_head, n_kv_head, head_dim, kv_dtype;
-    float theta;
 } s_gemv_args_t;
 
 /* acc[r] += the 8 weights at column k times row r of x, for the n <= N live rows. FOLD (the
@@ -162,7 +162,7 @@ static __device__ __forceinline__ void s_kv_put(void *cache, int dtype, size_t i
 
 /* The rope epilogue's inputs of row group b for the thread that will rotate pair
    (threadIdx.x % (R/2)) of row threadIdx.x / (R/2): the angle's cosine and sine (q and k
-   heads) and the token's cache row offset. */
+   heads), read from the step's table, and the token's cache row offset. */
 static __device__ __forceinline__ void s_rope_prep(const s_gemv_args_t &a, int b, int R,
                                                    float *rc, float *rs, size_t *kvo)
 {
@@ -172,8 +172,30 @@ static __device__ __forceinline__ void s_rope_prep(const s_gemv_args_t &a, int b
     const int p = threadIdx.x % half, r = threadIdx.x / half;
     const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R), h = o0 / hd;
     *kvo = (size_t)a.slots[r] * a.n_kv_head * hd;
-    if (o0 >= 0 && h < a.n_head + a.n_kv_head)
-        ecu_rope_angle(a.pos[r], o0 % hd, hd, a.theta, rc, rs);
+    if (o0 >= 0 && h < a.n_head + a.n_kv_head) {
+        const float2 cs = a.angles[(size_t)r * (hd / 2) + o0 % hd];
+        *rc = cs.x, *rs = cs.y;
+    }
+}
+
+/* The rope angles of a step's rows, (n, head_dim / 2) {cos, sin}, for the QKV GEMV's
+   epilogue: computed once a step (ecu_rope_angle: a double pow and full-precision sincos,
+   whose slow path held registers and a stack frame in every QKV GEMV, 113 registers at batch
+   1 against 80 without the epilogue) instead of by every row group of every layer. The
+   angles are computed before the PDL wait and stored after it (the kernel before may still
+   read the table of an earlier call). */
+static __global__ void s_rope_angles_kernel(float2 *tab /* (n, head_dim / 2) */,
+                                            const int32_t *pos /* (n) device */, int n,
+                                            int head_dim, float theta)
+{
+    const int hh = head_dim / 2, t = blockIdx.x * blockDim.x + threadIdx.x;
+    float c = 0.0f, s = 0.0f;
+    if (t < n * hh)
+        ecu_rope_angle(pos[t / hh], t % hh, head_dim, theta, &c, &s);
+    ecu_pdl_trigger();
+    ecu_pdl_wait();
+    if (t < n * hh)
+        tab[t] = make_float2(c, s);
 }
 
 /* Norm modes of the GEMV: none; folded into W as it is read (any batch); x * g staged in
@@ -181,6 +203,122 @@ static __device__ __forceinline__ void s_rope_prep(const s_gemv_args_t &a, int b
    ECU_GEMV_STAGE floats), which keeps the inner loop the plain one. */
 enum { S_NORM_NONE = 0, S_NORM_FOLD = 1, S_NORM_STAGE = 2 };
 #define ECU_GEMV_STAGE 8192
+
+/* The staged norm input of a block (S_NORM_STAGE): xs4 = x * g, (n, in_dim) f32, and row_ss
+   the rows' sums of squares of x. */
+template <int N, typename T>
+static __device__ __forceinline__ void s_gemv_stage(const s_gemv_args_t &a, float4 *xs4,
+                                                    float (*part_ss)[N], float *row_ss)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = a.n, in_dim = a.in_dim;
+    const T *nw = (const T *)a.norm_w;
+    float ssl[N];
+#pragma unroll
+    for (int r = 0; r < N; r++)
+        ssl[r] = 0.0f;
+    for (int i4 = threadIdx.x; i4 < n * in_dim / 4; i4 += blockDim.x) {
+        const int e = i4 * 4, r = e / in_dim, kk = e % in_dim;
+        const float4 v = __ldg((const float4 *)a.x + i4), g = s_ld4(nw, kk);
+        const float q = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+#pragma unroll
+        for (int rr = 0; rr < N; rr++)
+            if (rr == r)
+                ssl[rr] += q;
+        xs4[i4] = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
+    }
+#pragma unroll
+    for (int r = 0; r < N; r++) {
+        const float v = ecu_warp_sum(ssl[r]);
+        if (lane == 0)
+            part_ss[warp][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < N) {
+        float t = 0.0f;
+        for (int w8 = 0; w8 < ECU_GEMV_WARPS; w8++)
+            t += part_ss[w8][threadIdx.x];
+        row_ss[threadIdx.x] = t;
+    }
+    __syncthreads();
+}
+
+/* The end of row group b (this warp's row o, -1 when past the end): each warp's sums reduced
+   (lane r < n takes row r's), a row's segments added in segment order by its segment-0 warp,
+   then the norm's scale, the bias and the epilogue. Every thread of the block calls it (it
+   synchronises the block when segs > 1 or for a pair epilogue). */
+template <int N, typename T, int NORM, bool ROPE>
+static __device__ __forceinline__ void
+s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *acc,
+              const float *ss, float rc, float rs, size_t kvo, float (*part)[N],
+              float (*part_ss)[N], float (*fin)[N], const float *row_ss)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int segs = a.segs, R = ECU_GEMV_WARPS / segs, lr = warp / segs, seg = warp % segs;
+    const int n = a.n, in_dim = a.in_dim, half = R / 2, hd = a.head_dim;
+    const bool pair = a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV;
+    const bool owner = seg == 0 && o >= 0 && lane < n;
+    /* lane r (< n) takes row r's sums */
+    float mine = 0.0f, mine_ss = 0.0f;
+#pragma unroll
+    for (int r = 0; r < N; r++) {
+        const float s = ecu_warp_sum(acc[r]);
+        const float q = NORM == S_NORM_FOLD ? ecu_warp_sum(ss[r]) : 0.0f;
+        if (lane == r)
+            mine = s, mine_ss = q;
+    }
+    if (segs > 1) {
+        if (lane < N)
+            part[warp][lane] = mine, part_ss[warp][lane] = mine_ss;
+        __syncthreads(); /* b and segs are the same for the whole block */
+        if (seg == 0 && lane < N) {
+            mine = 0.0f, mine_ss = 0.0f;
+            for (int s = 0; s < segs; s++)
+                mine += part[warp + s][lane], mine_ss += part_ss[warp + s][lane];
+        }
+    }
+    float y = mine;
+    if (owner) {
+        if constexpr (NORM == S_NORM_STAGE)
+            mine_ss = row_ss[lane];
+        if constexpr (NORM != S_NORM_NONE)
+            y *= 1.0f / sqrtf(mine_ss / (float)in_dim + a.eps);
+        if (a.bias)
+            y += ecu_ld<T>((const T *)a.bias, o);
+    }
+    if (!pair) {
+        if (owner)
+            a.out[(size_t)lane * a.out_dim + o] = a.epi == ENG_LIN_ADD ? resid + y : y;
+    } else {
+        if (owner)
+            fin[lr][lane] = y;
+        __syncthreads();
+        const int p = threadIdx.x % half, r = threadIdx.x / half;
+        const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R);
+        if (threadIdx.x < half * n && o0 >= 0) {
+            const float va = fin[p][r], vb = fin[p + half][r];
+            if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
+                a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
+            } else {
+                const int hh = hd / 2, h = o0 / hd, i = o0 % hd;
+                if (h < a.n_head + a.n_kv_head) {
+                    const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
+                    if (h < a.n_head) {
+                        float *q = a.out + ((size_t)r * a.n_head + h) * hd;
+                        q[i] = ra, q[i + hh] = rb;
+                    } else {
+                        const size_t at = kvo + (size_t)(h - a.n_head) * hd + i;
+                        s_kv_put(a.k_cache, a.kv_dtype, at, ra);
+                        s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
+                    }
+                } else {
+                    const size_t at = kvo + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
+                    s_kv_put(a.v_cache, a.kv_dtype, at, va);
+                    s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
+                }
+            }
+        }
+    }
+}
 
 /* One warp per (output feature, column segment) of a row group of R = ECU_GEMV_WARPS / segs
    rows; in_dim % (8 * segs) == 0 (the launcher checks). The grid is persistent: as many blocks
@@ -215,7 +353,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     __shared__ float fin[ECU_GEMV_WARPS][N], row_ss[N];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int segs = a.segs, R = ECU_GEMV_WARPS / segs, lr = warp / segs, seg = warp % segs;
-    const int n = a.n, in_dim = a.in_dim, half = R / 2, hd = a.head_dim;
+    const int n = a.n, in_dim = a.in_dim, hd = a.head_dim;
     const int seg_len = in_dim / segs, k0 = seg * seg_len + lane * 8, kend = (seg + 1) * seg_len;
     const bool pair = a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV;
     const T *nw = (const T *)a.norm_w;
@@ -230,40 +368,12 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     }
     float rc = 0.0f, rs = 0.0f;
     size_t kvo = 0;
-    if constexpr (ROPE)
-        s_rope_prep(a, b, R, &rc, &rs, &kvo);
     ecu_pdl_wait();
     ecu_pdl_trigger();
-    if constexpr (NORM == S_NORM_STAGE) {
-        float ssl[N];
-#pragma unroll
-        for (int r = 0; r < N; r++)
-            ssl[r] = 0.0f;
-        for (int i4 = threadIdx.x; i4 < n * in_dim / 4; i4 += blockDim.x) {
-            const int e = i4 * 4, r = e / in_dim, kk = e % in_dim;
-            const float4 v = __ldg((const float4 *)x + i4), g = s_ld4(nw, kk);
-            const float q = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-#pragma unroll
-            for (int rr = 0; rr < N; rr++)
-                if (rr == r)
-                    ssl[rr] += q;
-            xs4[i4] = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
-        }
-#pragma unroll
-        for (int r = 0; r < N; r++) {
-            const float v = ecu_warp_sum(ssl[r]);
-            if (lane == 0)
-                part_ss[warp][r] = v;
-        }
-        __syncthreads();
-        if (threadIdx.x < N) {
-            float t = 0.0f;
-            for (int w8 = 0; w8 < ECU_GEMV_WARPS; w8++)
-                t += part_ss[w8][threadIdx.x];
-            row_ss[threadIdx.x] = t;
-        }
-        __syncthreads();
-    }
+    if constexpr (ROPE) /* the angles were written by a kernel of this step */
+        s_rope_prep(a, b, R, &rc, &rs, &kvo);
+    if constexpr (NORM == S_NORM_STAGE)
+        s_gemv_stage<N, T>(a, xs4, part_ss, row_ss);
     for (;;) {
         const bool live = o >= 0, owner = seg == 0 && live && lane < n;
         const T *wr = w + (size_t)(live ? o : 0) * in_dim;
@@ -330,67 +440,8 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
             for (int u = 0; u < U; u++)
                 s_load8(cur[u], w + (size_t)on * in_dim + k0 + u * 256);
         }
-        /* lane r (< n) takes row r's sums */
-        float mine = 0.0f, mine_ss = 0.0f;
-#pragma unroll
-        for (int r = 0; r < N; r++) {
-            const float s = ecu_warp_sum(acc[r]);
-            const float q = NORM == S_NORM_FOLD ? ecu_warp_sum(ss[r]) : 0.0f;
-            if (lane == r)
-                mine = s, mine_ss = q;
-        }
-        if (segs > 1) {
-            if (lane < N)
-                part[warp][lane] = mine, part_ss[warp][lane] = mine_ss;
-            __syncthreads(); /* b and segs are the same for the whole block */
-            if (seg == 0 && lane < N) {
-                mine = 0.0f, mine_ss = 0.0f;
-                for (int s = 0; s < segs; s++)
-                    mine += part[warp + s][lane], mine_ss += part_ss[warp + s][lane];
-            }
-        }
-        float y = mine;
-        if (owner) {
-            if constexpr (NORM == S_NORM_STAGE)
-                mine_ss = row_ss[lane];
-            if constexpr (NORM != S_NORM_NONE)
-                y *= 1.0f / sqrtf(mine_ss / (float)in_dim + a.eps);
-            if (a.bias)
-                y += ecu_ld<T>((const T *)a.bias, o);
-        }
-        if (!pair) {
-            if (owner)
-                a.out[(size_t)lane * a.out_dim + o] = a.epi == ENG_LIN_ADD ? resid + y : y;
-        } else {
-            if (owner)
-                fin[lr][lane] = y;
-            __syncthreads();
-            const int p = threadIdx.x % half, r = threadIdx.x / half;
-            const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R);
-            if (threadIdx.x < half * n && o0 >= 0) {
-                const float va = fin[p][r], vb = fin[p + half][r];
-                if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
-                    a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
-                } else {
-                    const int hh = hd / 2, h = o0 / hd, i = o0 % hd;
-                    if (h < a.n_head + a.n_kv_head) {
-                        const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
-                        if (h < a.n_head) {
-                            float *q = a.out + ((size_t)r * a.n_head + h) * hd;
-                            q[i] = ra, q[i + hh] = rb;
-                        } else {
-                            const size_t at = kvo + (size_t)(h - a.n_head) * hd + i;
-                            s_kv_put(a.k_cache, a.kv_dtype, at, ra);
-                            s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
-                        }
-                    } else {
-                        const size_t at = kvo + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
-                        s_kv_put(a.v_cache, a.kv_dtype, at, va);
-                        s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
-                    }
-                }
-            }
-        }
+        s_gemv_finish<N, T, NORM, ROPE>(a, b, o, resid, acc, ss, rc, rs, kvo, part, part_ss, fin,
+                                        row_ss);
         b = bn;
         if (!LOOP || b >= a.n_blocks)
             break;
@@ -402,31 +453,186 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     }
 }
 
+/* The ring GEMV (ANVIL_CUDA_GEMV_RING=1, st->gemv_ring): the same work, groups, sums and
+   epilogues as s_gemv_kernel, on a persistent grid, with the weights streamed through a ring
+   of shared memory by cp.async instead of through registers. Each lane keeps ECU_GEMV_RING
+   16-byte pieces (8 weights of its row at columns k, k + 256, ...) in flight, across the end
+   of a row group: while a group's sums are reduced and its epilogue runs, the next group's
+   pieces are already on their way, where the register pipeline held one chunk (and fewer
+   warps an SM, for its registers). A lane's slots are its own (it copies them and reads them
+   back), so cp.async.wait_group is its only synchronisation; a slot is refilled two pieces
+   after it was read. */
+#define ECU_GEMV_RING 8
+#define ECU_GEMV_RING_BLOCKS 4
+
+static __device__ __forceinline__ void s_cp16(void *smem, const void *gmem)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem) : "memory");
+}
+static __device__ __forceinline__ void s_cp_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int P> static __device__ __forceinline__ void s_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(P) : "memory");
+}
+
+/* shared memory of the ring: (ECU_GEMV_RING + 1) slots x the 16-byte loads of a piece x 256
+   threads */
+template <typename T> static constexpr size_t s_ring_bytes()
+{
+    return (size_t)(ECU_GEMV_RING + 1) * sizeof(s_raw8<T>) * ECU_GEMV_WARPS * 32;
+}
+
+template <int N, typename T, int NORM, bool ROPE>
+static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
+    s_gemv_ring_kernel(const T *w /* (out_dim, in_dim) T */, const s_gemv_args_t a)
+{
+    constexpr int D = ECU_GEMV_RING, S = D + 1, PW = sizeof(s_raw8<T>) / 16;
+    extern __shared__ float4 dyn4[];
+    float4 *ring = dyn4;                                  /* (S, PW, 256) */
+    float4 *xs4 = dyn4 + (size_t)S * PW * ECU_GEMV_WARPS * 32; /* S_NORM_STAGE: g * x */
+    __shared__ float part[ECU_GEMV_WARPS][N], part_ss[ECU_GEMV_WARPS][N];
+    __shared__ float fin[ECU_GEMV_WARPS][N], row_ss[N];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int segs = a.segs, R = ECU_GEMV_WARPS / segs, lr = warp / segs, seg = warp % segs;
+    const int n = a.n, in_dim = a.in_dim, hd = a.head_dim;
+    const int seg_len = in_dim / segs, k0 = seg * seg_len + lane * 8, kend = (seg + 1) * seg_len;
+    const int P = (seg_len + 255) / 256; /* pieces a lane a group (its last may be past kend) */
+    const T *nw = (const T *)a.norm_w;
+    /* the producer: the next piece to copy (group pb, piece pj, row po) and its slot */
+    int pb = blockIdx.x, pj = 0, ps = 0;
+    int po = pb < a.n_blocks ? s_gemv_row(a.epi, a.out_dim, hd, pb, lr, R) : -1;
+    auto issue = [&]() {
+        if (pb < a.n_blocks) {
+            const int col = k0 + pj * 256;
+            if (po >= 0 && col < kend) {
+                const float4 *src = (const float4 *)(w + (size_t)po * in_dim + col);
+#pragma unroll
+                for (int c = 0; c < PW; c++)
+                    s_cp16(ring + (size_t)(ps * PW + c) * (ECU_GEMV_WARPS * 32) + threadIdx.x,
+                           src + c);
+            }
+            if (++pj == P) {
+                pj = 0;
+                pb += gridDim.x;
+                po = pb < a.n_blocks ? s_gemv_row(a.epi, a.out_dim, hd, pb, lr, R) : -1;
+            }
+        }
+        s_cp_commit(); /* empty past the end: one group a piece keeps wait_group's count */
+        ps = ps + 1 == S ? 0 : ps + 1;
+    };
+    /* weights do not depend on the kernel before: the first pieces go out before the wait */
+#pragma unroll
+    for (int i = 0; i < D - 1; i++)
+        issue();
+    ecu_pdl_wait();
+    ecu_pdl_trigger();
+    if constexpr (NORM == S_NORM_STAGE)
+        s_gemv_stage<N, T>(a, xs4, part_ss, row_ss);
+    int cs = 0; /* the consumer's slot */
+    for (int b = blockIdx.x; b < a.n_blocks; b += gridDim.x) {
+        const int o = s_gemv_row(a.epi, a.out_dim, hd, b, lr, R);
+        const bool live = o >= 0;
+        float resid = 0.0f;
+        if (a.epi == ENG_LIN_ADD && seg == 0 && live && lane < n)
+            resid = a.out[(size_t)lane * a.out_dim + o];
+        float rc = 0.0f, rs = 0.0f;
+        size_t kvo = 0;
+        if constexpr (ROPE)
+            s_rope_prep(a, b, R, &rc, &rs, &kvo);
+        float acc[N], ss[N];
+#pragma unroll
+        for (int r = 0; r < N; r++)
+            acc[r] = 0.0f, ss[r] = 0.0f;
+        for (int j = 0; j < P; j++) {
+            issue();          /* piece q + D - 1, into the slot read two pieces ago */
+            s_cp_wait<D - 1>(); /* piece q has landed */
+            const int k = k0 + j * 256;
+            if (live && k < kend) {
+                s_raw8<T> raw;
+                const float4 *slot = ring + (size_t)cs * PW * (ECU_GEMV_WARPS * 32) + threadIdx.x;
+                if constexpr (PW == 1) {
+                    *(float4 *)&raw.a = slot[0];
+                } else {
+                    *(float4 *)&raw.a = slot[0];
+                    *((float4 *)&raw.a + 1) = slot[ECU_GEMV_WARPS * 32];
+                }
+                if constexpr (NORM == S_NORM_STAGE)
+                    s_fma8<N, T, false, true>(acc, ss, raw, (const float *)xs4, nw, n, in_dim, k);
+                else
+                    s_fma8<N, T, NORM == S_NORM_FOLD, false>(acc, ss, raw, a.x, nw, n, in_dim,
+                                                             k);
+            }
+            cs = cs + 1 == S ? 0 : cs + 1;
+        }
+        s_gemv_finish<N, T, NORM, ROPE>(a, b, o, resid, acc, ss, rc, rs, kvo, part, part_ss, fin,
+                                        row_ss);
+        if (b + (int)gridDim.x < a.n_blocks &&
+            (segs > 1 || a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV))
+            __syncthreads(); /* part and fin are reused by the next group */
+    }
+    s_cp_wait<0>();
+}
+
 /* Column segments a row for the GEMV: short weight matrices (QKV, O, down at batch 1) fill
    the GPU with too few warps of one row each, and the kernel ends with a partial wave (on the
    H200, ncu: QKV 20.3 us at 54 % of DRAM bandwidth, 768 blocks for 528 resident slots; O 13.7
    us at 52 %; gate/up, 3584 blocks, 80 %). Segments are doubled until the grid holds 2.5
-   waves of resident blocks, while a segment keeps >= 1024 columns and divides evenly. Pair
+   waves of resident blocks (ANVIL_CUDA_GEMV_WAVES, st->gemv_waves2 / 2), while a segment keeps >= 1024 columns and divides evenly. Pair
    epilogues need two rows a block (segs <= 4) and, for RoPE, head_dim / 2 a multiple of the
    pairs a block holds; 0 when no segment count fits (the caller composes the ops). */
 template <int N, typename T, int NORM, bool ROPE>
 static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, int head_dim,
-                       long *slots_out)
+                       size_t smem, long *slots_out)
 {
-    static int per_sm = 0; /* resident blocks an SM, per instantiation */
-    const size_t smem = NORM == S_NORM_STAGE ? ECU_GEMV_STAGE * sizeof(float) : 0;
-    if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                            &per_sm, s_gemv_kernel<N, T, NORM, ROPE>, ECU_GEMV_WARPS * 32, smem) !=
-                            cudaSuccess ||
-                        per_sm <= 0))
-        per_sm = 1;
-    const long slots = (long)st->n_sm * per_sm;
+    /* resident blocks an SM, per instantiation and kernel (the ring kernel's for the last
+       size of its shared memory, which the staged input makes depend on the shape) */
+    static int per_sm = 0, per_sm_ring = 0;
+    static size_t ring_smem = 0;
+    int *ps = &per_sm;
+    if (st->gemv_ring) {
+        const size_t rsmem = s_ring_bytes<T>() + smem;
+        ps = &per_sm_ring;
+        if (rsmem != ring_smem) {
+            /* at most ECU_GEMV_RING_BLOCKS blocks an SM (their rings keep 128 KB in flight),
+               and shared memory for just those, so that L1 keeps room for x (fp32: 56 KB for
+               the down projection) */
+            auto kern = s_gemv_ring_kernel<N, T, NORM, ROPE>;
+            const int carve = (int)((ECU_GEMV_RING_BLOCKS * (rsmem + 1024) * 100 +
+                                     st->smem_per_sm - 1) / st->smem_per_sm);
+            cudaError_t e = cudaFuncSetAttribute(
+                kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                (int)(s_ring_bytes<T>() + ECU_GEMV_STAGE * sizeof(float)));
+            if (e == cudaSuccess)
+                e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         carve < 100 ? carve : 100);
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(ps, kern, ECU_GEMV_WARPS * 32,
+                                                                  rsmem);
+            if (e != cudaSuccess || *ps <= 0)
+                *ps = 1;
+            if (*ps > ECU_GEMV_RING_BLOCKS)
+                *ps = ECU_GEMV_RING_BLOCKS;
+            ring_smem = rsmem;
+        }
+    } else if (*ps == 0) {
+        const size_t msmem = NORM == S_NORM_STAGE ? ECU_GEMV_STAGE * sizeof(float) : 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(ps, s_gemv_kernel<N, T, NORM, ROPE>,
+                                                          ECU_GEMV_WARPS * 32,
+                                                          msmem) != cudaSuccess ||
+            *ps <= 0)
+            *ps = 1;
+    }
+    const long slots = (long)st->n_sm * *ps;
     *slots_out = slots;
     const bool pair = epi == ENG_LIN_SWIGLU || epi == ENG_LIN_ROPE_KV;
     const int max_segs = pair ? ECU_GEMV_WARPS / 2 : ECU_GEMV_WARPS;
     int segs = 1;
     while (segs < max_segs && ((long)out_dim * segs + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS
-                                  < slots * 5 / 2 &&
+                                  < slots * st->gemv_waves2 / 2 &&
            in_dim % (16 * segs) == 0 && in_dim / (2 * segs) >= 1024)
         segs *= 2;
     if (epi == ENG_LIN_ROPE_KV) {
@@ -459,9 +665,9 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
     const size_t smem = NORM == S_NORM_STAGE ? (size_t)a.n * a.in_dim * sizeof(float) : 0;
     long slots = 0;
     a.segs = rope ? s_gemv_segs<N, T, NORM, true>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
-                                                  &slots)
+                                                  smem, &slots)
                   : s_gemv_segs<N, T, NORM, false>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
-                                                   &slots);
+                                                   smem, &slots);
     if (a.segs == 0)
         return 0;
     a.n_blocks = (int)s_gemv_blocks(&a);
@@ -472,9 +678,17 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
        memory on a persistent grid as well left them at 1641 us against 1638).
        ANVIL_CUDA_GEMV_PERSIST=0 (st->gemv_persist, read at start): a block per row group for
        all (the A/B). */
-    const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
+    const bool pgrid = st->gemv_ring || (st->gemv_persist && NORM == S_NORM_STAGE);
     const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
-    if (rope)
+    if (st->gemv_ring) {
+        const size_t rsmem = s_ring_bytes<T>() + smem;
+        if (rope)
+            ECU_CHECK(ecu_launch(st, s_gemv_ring_kernel<N, T, NORM, true>, grid,
+                                 dim3(ECU_GEMV_WARPS * 32), rsmem, w, a));
+        else
+            ECU_CHECK(ecu_launch(st, s_gemv_ring_kernel<N, T, NORM, false>, grid,
+                                 dim3(ECU_GEMV_WARPS * 32), rsmem, w, a));
+    } else if (rope)
         ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, grid, dim3(ECU_GEMV_WARPS * 32),
                              smem, w, a));
     else
@@ -718,6 +932,29 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
                              f->n_kv_head, f->head_dim, f->theta);
 }
 
+/* The rope angle table of f->pos for the GEMV: the prepared step's is built by the first QKV
+   GEMV of the step and reused by the other layers (and captured with them in a decode graph);
+   other positions get theirs each call. */
+static int s_rope_angles(ecu_state_t *st, const eng_linear_t *f, int n, const float2 **tab)
+{
+    const int32_t *d_pos;
+    ECU_TRY(ecu_idx(st, ECU_IDX_POS, f->pos, n, &d_pos));
+    const bool prepared = d_pos == st->d_pos && st->step_valid;
+    *tab = (const float2 *)st->rope_tab.ptr;
+    if (prepared && st->rope_tab_ok && st->rope_tab_n == n && st->rope_tab_hd == f->head_dim &&
+        st->rope_tab_theta == f->theta)
+        return 0;
+    const int hh = f->head_dim / 2;
+    ECU_TRY(ecu_buf_reserve(&st->rope_tab, (size_t)n * hh * sizeof(float2)));
+    *tab = (const float2 *)st->rope_tab.ptr;
+    ECU_CHECK(ecu_launch(st, s_rope_angles_kernel, dim3((unsigned)((n * hh + 255) / 256)),
+                         dim3(256), 0, (float2 *)st->rope_tab.ptr, d_pos, n, f->head_dim,
+                         f->theta));
+    st->rope_tab_ok = prepared;
+    st->rope_tab_n = n, st->rope_tab_hd = f->head_dim, st->rope_tab_theta = f->theta;
+    return 0;
+}
+
 extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const void *w,
                           const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
                           const eng_linear_t *f)
@@ -743,11 +980,10 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
         a.out = out, a.x = x, a.bias = bias, a.norm_w = f->norm_w, a.eps = f->eps, a.n = n;
         a.in_dim = in_dim, a.out_dim = out_dim, a.epi = f->epi;
         if (f->epi == ENG_LIN_ROPE_KV) {
-            ECU_TRY(ecu_idx(st, ECU_IDX_POS, f->pos, n, &a.pos));
+            ECU_TRY(s_rope_angles(st, f, n, &a.angles));
             ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &a.slots));
             a.k_cache = f->k_cache, a.v_cache = f->v_cache, a.n_head = f->n_head;
             a.n_kv_head = f->n_kv_head, a.head_dim = f->head_dim, a.kv_dtype = be->kv_dtype;
-            a.theta = f->theta;
         }
         int rc = s_gemv_launch(st, w, dtype, a);
         if (rc != 0)

@@ -35,17 +35,25 @@
 #   model_fma    test_cuda_model with ANVIL_CUDA_ATTN_MMA=0 (the FMA decode attention; by default
 #                both model tests, GQA 8/2 with bf16 KV, run the tensor-core one)
 #   graphs_fma   test_cuda_graphs with ANVIL_CUDA_ATTN_MMA=0
+#   ops_ring     test_cuda_ops with ANVIL_CUDA_GEMV_RING=1 (the GEMV's cp.async ring)
+#   model_ring   test_cuda_model with ANVIL_CUDA_GEMV_RING=1
+#   graphs_ring  test_cuda_graphs with ANVIL_CUDA_GEMV_RING=1
+#   bench_ring   bf16 then fp8 KV, batch 1 and 256 and batch 256 at 2k, with the register GEMV
+#                and with ANVIL_CUDA_GEMV_RING=1, in turn: the ring's A/B in one session; then
+#                batch 1 with the ring at ANVIL_CUDA_GEMV_WAVES 1, 5 and 10 (its segments)
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
 #   memcheck     memcheck.sh: compute-sanitizer memcheck on a short whole-model run
 #   memcheck_fma the same with ANVIL_CUDA_ATTN_MMA=0
+#   memcheck_ring the same with ANVIL_CUDA_GEMV_RING=1
 #   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
 #                (time, DRAM bytes, GB/s) and the time between kernels
 #   kernels_b256 the same for one batch-256 step at 2k context (ncu_step.py --ctx-len 2048):
 #                where the "10k tok/s at batch 256 x 2k" goal's time goes
 #   kernels_fma  the batch-256 x 2k step with fp8 KV, by the mma decode (OUT/fp8) and by the FMA
 #                decode (OUT/fma, ANVIL_CUDA_ATTN_MMA=0)
+#   kernels_ring the batch-1 step with ANVIL_CUDA_GEMV_RING=1 (OUT/ring)
 #
 # The device tool brings back only a few files from $OUT: give OUT outside it and tar it,
 #   gpu_session.sh build-gpu /tmp/gpu; tar czf $OUT/gpu.tgz -C /tmp gpu
@@ -195,6 +203,34 @@ step ops_test 90 "$T_OPS"
 step model_test 90 "$T_MODEL"
 step model_fma 90 env ANVIL_CUDA_ATTN_MMA=0 "$T_MODEL"
 step graphs_fma 90 env ANVIL_CUDA_ATTN_MMA=0 "$T_GRAPHS"
+step ops_ring 90 env ANVIL_CUDA_GEMV_RING=1 "$T_OPS"
+step model_ring 90 env ANVIL_CUDA_GEMV_RING=1 "$T_MODEL"
+step graphs_ring 90 env ANVIL_CUDA_GEMV_RING=1 "$T_GRAPHS"
+if [ $DRY = 1 ]; then
+    RING_ARGS=(--backend cpu --shape tiny --threads 4 --batches 1 --prompt 16 --new 8
+               --ctx-batch 4 --ctx-len 64 --ctx-new 8 --grpo-prompts 0)
+    RING_B1=(--backend cpu --shape tiny --threads 4 --batches 1 --prompt 16 --new 8
+             --ctx-batch 0 --grpo-prompts 0)
+    RING_KVS=f32
+else
+    # shellcheck disable=SC2054
+    RING_ARGS=(--cuda-graphs --batches 1,256 --prompt 512 --new 128 --ctx-batch 256
+               --ctx-len 2048 --ctx-new 256 --grpo-prompts 0)
+    RING_B1=(--cuda-graphs --batches 1 --prompt 512 --new 128 --ctx-batch 0 --grpo-prompts 0)
+    RING_KVS="bf16 fp8"
+fi
+step bench_ring 300 env RING_KVS="$RING_KVS" bash -c 'b=$0; n=$1; shift
+        a=("${@:1:$n}"); b1=("${@:$((n + 1))}")
+        for kv in $RING_KVS; do
+            for r in 0 1; do
+                echo "== kv $kv ANVIL_CUDA_GEMV_RING=$r"
+                ANVIL_CUDA_GEMV_RING=$r "$b" --kv-dtype $kv "${a[@]}" || exit 1
+            done
+        done
+        for wv in 1 5 10; do
+            echo "== kv default ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_WAVES=$wv"
+            ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_WAVES=$wv "$b" "${b1[@]}" || exit 1
+        done' "$BENCH" "${#RING_ARGS[@]}" "${RING_ARGS[@]}" "${RING_B1[@]}"
 step bench 200 "$BENCH" "${BENCH_ARGS[@]}"
 if [ $DRY = 1 ]; then
     step bench_nopdl 60 env ANVIL_CUDA_PDL=0 "$BENCH" "${BENCH_ARGS[@]}"
@@ -267,6 +303,7 @@ if [ $DRY = 0 ]; then
 fi
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_fma 120 env ANVIL_CUDA_ATTN_MMA=0 "$TESTS/memcheck.sh" "$T_MODEL"
+step memcheck_ring 120 env ANVIL_CUDA_GEMV_RING=1 "$TESTS/memcheck.sh" "$T_MODEL"
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
     step kernels 240 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
     step kernels_b256 120 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 256 \
@@ -275,6 +312,8 @@ if [ $DRY = 0 ] && command -v ncu > /dev/null; then
             "$0" "$1" --bench "$2" --out "$3/fp8" --batch 256 --ctx-len 2048 || exit 1
             ANVIL_CUDA_ATTN_MMA=0 "$0" "$1" --bench "$2" --out "$3/fma" --batch 256 \
                 --ctx-len 2048' "$PY" "$BENCHDIR/ncu_step.py" "$BENCH" "$OUT"
+    step kernels_ring 240 env ANVIL_CUDA_GEMV_RING=1 "$PY" "$BENCHDIR/ncu_step.py" \
+        --bench "$BENCH" --out "$OUT/ring" --batch 1
 else
     log "kernels: needs ncu and the GPU, not run"
 fi
@@ -300,6 +339,10 @@ fi
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fma.log" 2>/dev/null
     echo "== one batch-1 decode step, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels.log" 2>/dev/null
+    echo "== the same step with the GEMV's cp.async ring (ANVIL_CUDA_GEMV_RING=1, ncu)"
+    grep -E "^(kernel|step) " "$OUT/kernels_ring.log" 2>/dev/null
+    echo "== the ring's A/B: bf16 then fp8 KV, register GEMV then ring; ring at 1 / 5 / 10 waves"
+    grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ring.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels_b256.log" 2>/dev/null
     echo "== the same step with fp8 KV: mma decode, then FMA decode (ncu)"
