@@ -427,6 +427,78 @@ static __device__ __forceinline__ void s_warps_merge(const float (&wm)[ECU_ATTN_
         part_ml[pi] = make_float2(mx, sum);
 }
 
+#define ECU_ATTN_CHUNK 128 /* splits whose weights the combine holds in shared memory at once */
+
+/* The merge of token t's partials for head h by one block (blockDim.x = head_dim, a multiple
+   of 32; thread d owns dimension d): the max over the token's splits, then each chunk of
+   splits' weights exp(m_i - max) once into shared memory (not once per dimension), the
+   weighted partials summed in split order and normalised by the sum of l_i * weight_i (a
+   block sum: fixed order for a given number of splits). The partials are read through L2
+   (__ldcg): the fused decode (s_decode_combine) reads what other blocks of its own kernel
+   wrote. */
+static __device__ __forceinline__ void s_combine_head(float *out, const float *part_o,
+                                                      const float2 *part_ml, int base, int ns,
+                                                      int t, int h, int n_head, int head_dim,
+                                                      float *wt, float *red)
+{
+    const int d = threadIdx.x;
+    float mx = -INFINITY;
+    for (int i = d; i < ns; i += blockDim.x)
+        mx = fmaxf(mx, __ldcg(&part_ml[(size_t)(base + i) * n_head + h]).x);
+    mx = ecu_block_max(mx, red);
+    float sum = 0.0f, acc = 0.0f;
+    for (int c0 = 0; c0 < ns; c0 += ECU_ATTN_CHUNK) {
+        const int nc = min(ECU_ATTN_CHUNK, ns - c0);
+        __syncthreads(); /* the previous chunk's weights are used up */
+        for (int i = d; i < nc; i += blockDim.x) {
+            const float2 ml = __ldcg(&part_ml[(size_t)(base + c0 + i) * n_head + h]);
+            const float w = ml.x == -INFINITY ? 0.0f : __expf(ml.x - mx);
+            wt[i] = w;
+            sum += ml.y * w;
+        }
+        __syncthreads();
+        const float *po = part_o + ((size_t)(base + c0) * n_head + h) * head_dim + d;
+        const size_t stride = (size_t)n_head * head_dim;
+#pragma unroll 4
+        for (int i = 0; i < nc; i++)
+            acc += __ldcg(po + i * stride) * wt[i];
+    }
+    sum = ecu_block_sum(sum, red);
+    out[((size_t)t * n_head + h) * head_dim + d] = sum > 0.0f ? acc / sum : 0.0f;
+}
+
+/* The fused combine of a decode block (ANVIL_CUDA_ATTN_FUSE=1, head_dim = the block's 128
+   threads): after its partials are written, the block counts itself done for its (token, KV
+   head); the last of the token's splits to finish merges the token's G heads with
+   s_combine_head, the combine kernel's own code (the same bits), and resets the counter for
+   the next launch. Saves the combine's launch and its round trips a layer. */
+template <int G>
+static __device__ __forceinline__ void s_decode_combine(float *out, const float *part_o,
+                                                        const float2 *part_ml,
+                                                        const int *tok_part,
+                                                        const int *tok_nsplit,
+                                                        unsigned *counters, int tok, int kvh,
+                                                        int n_head, int n_kv_head, int hd)
+{
+    __shared__ float wt[ECU_ATTN_CHUNK], red[32];
+    __shared__ int last;
+    __threadfence(); /* this block's partials, before its count */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = counters + (size_t)tok * n_kv_head + kvh;
+        last = atomicAdd(c, 1u) + 1 == (unsigned)tok_nsplit[tok];
+        if (last)
+            *c = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence(); /* the other splits' partials, after their counts */
+    const int base = tok_part[tok], ns = tok_nsplit[tok];
+    for (int g = 0; g < G; g++)
+        s_combine_head(out, part_o, part_ml, base, ns, tok, kvh * G + g, n_head, hd, wt, red);
+}
+
 template <int HD, int G, typename T>
 static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     s_attn_decode_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
@@ -436,7 +508,10 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
                          const int *block_tables /* (n_seq, mb) */, int max_blocks,
                          int block_size, int n_head, int n_kv_head, float scale,
                          float *part_o /* (n_parts, n_head, HD) f32 */,
-                         float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+                         float2 *part_ml /* (n_parts, n_head) {max, sum} */,
+                         float *fuse_out /* (n_tok, n_head, HD) f32, or NULL */,
+                         const int *tok_nsplit /* (n_tok) */,
+                         unsigned *counters /* (n_tok, n_kv_head) */)
 {
     constexpr int PER = HD / 32;
     __shared__ float qs[G][HD];
@@ -560,6 +635,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         s_warps_merge<G>(wm, wl, g, [&](int w) { return wo[w][g][d]; }, part_o, part_ml,
                          pi0 + g, HD, d);
     }
+    if (fuse_out)
+        s_decode_combine<G>(fuse_out, part_o, part_ml, tok_part, tok_nsplit, counters, tok, kvh,
+                            n_head, n_kv_head, HD);
 }
 
 /* ---- Tensor-core decode (st->attn_mma, the default): bf16 or fp8 KV, G = 4 or 8 ----
@@ -673,7 +751,10 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
                              const int *block_tables /* (n_seq, mb) */, int max_blocks,
                              int block_size, int n_head, int n_kv_head, float scale,
                              float *part_o /* (n_parts, n_head, HD) f32 */,
-                             float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+                             float2 *part_ml /* (n_parts, n_head) {max, sum} */,
+                         float *fuse_out /* (n_tok, n_head, HD) f32, or NULL */,
+                         const int *tok_nsplit /* (n_tok) */,
+                         unsigned *counters /* (n_tok, n_kv_head) */)
 {
     static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
     static_assert(sizeof(T) <= 2, "the mma decode takes bf16 or fp8 KV");
@@ -834,14 +915,12 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
             return G <= 4 ? wo[w][at] + wo[w][at + 4] : wo[w][at];
         }, part_o, part_ml, pi0 + qg, HD, d);
     }
+    if (fuse_out)
+        s_decode_combine<G>(fuse_out, part_o, part_ml, tok_part, tok_nsplit, counters, tok, kvh,
+                            n_head, n_kv_head, HD);
 }
 
-#define ECU_ATTN_CHUNK 128 /* splits whose weights the combine holds in shared memory at once */
-
-/* One block (blockDim.x = head_dim, a multiple of 32) per (token, head): the max over the
-   token's splits, then each chunk of splits' weights exp(m_i - max) once into shared memory
-   (not once per dimension), the weighted partials summed in split order and normalised by
-   the sum of l_i * weight_i (a block sum: fixed order for a given number of splits). */
+/* One block (blockDim.x = head_dim) per (token, head): s_combine_head. */
 static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f32 */,
                                              const float *part_o /* (n_parts, n_head, hd) */,
                                              const float2 *part_ml /* (n_parts, n_head) */,
@@ -850,32 +929,10 @@ static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f
 {
     __shared__ float wt[ECU_ATTN_CHUNK], red[32];
     ecu_pdl_trigger();
-    const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const int t = blockIdx.x, h = blockIdx.y;
     const int base = tok_part[t], ns = tok_nsplit[t];
     ecu_pdl_wait();
-    float mx = -INFINITY;
-    for (int i = d; i < ns; i += blockDim.x)
-        mx = fmaxf(mx, part_ml[(size_t)(base + i) * n_head + h].x);
-    mx = ecu_block_max(mx, red);
-    float sum = 0.0f, acc = 0.0f;
-    for (int c0 = 0; c0 < ns; c0 += ECU_ATTN_CHUNK) {
-        const int nc = min(ECU_ATTN_CHUNK, ns - c0);
-        __syncthreads(); /* the previous chunk's weights are used up */
-        for (int i = d; i < nc; i += blockDim.x) {
-            const float2 ml = part_ml[(size_t)(base + c0 + i) * n_head + h];
-            const float w = ml.x == -INFINITY ? 0.0f : __expf(ml.x - mx);
-            wt[i] = w;
-            sum += ml.y * w;
-        }
-        __syncthreads();
-        const float *po = part_o + ((size_t)(base + c0) * n_head + h) * head_dim + d;
-        const size_t stride = (size_t)n_head * head_dim;
-#pragma unroll 4
-        for (int i = 0; i < nc; i++)
-            acc += po[i * stride] * wt[i];
-    }
-    sum = ecu_block_sum(sum, red);
-    out[((size_t)t * n_head + h) * head_dim + d] = sum > 0.0f ? acc / sum : 0.0f;
+    s_combine_head(out, part_o, part_ml, base, ns, t, h, n_head, head_dim, wt, red);
 }
 
 template <int HD, int RPW, typename T>
@@ -930,7 +987,8 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
                          (const T *)vc, (const int4 *)p->tiles, p->tok_part, p->seq_ctx,
                          p->block_tables, p->max_blocks, block_size, n_head, n_kv_head,
                          1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
-                         (float2 *)st->part_ml.ptr));
+                         (float2 *)st->part_ml.ptr, st->attn_fuse_out, p->tok_nsplit,
+                         (unsigned *)st->attn_cnt.ptr));
     return 0;
 }
 
@@ -989,6 +1047,20 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
     ECU_TRY(ecu_attn_plan(st, batch, n_head, head_dim, &p));
     ECU_TRY(ecu_buf_reserve(&st->part_o, (size_t)p->n_parts * n_head * head_dim * 4));
     ECU_TRY(ecu_buf_reserve(&st->part_ml, (size_t)p->n_parts * n_head * sizeof(float2)));
+    /* the fused combine (s_decode_combine): decode tiles of 1, 2, 4 or 8 query heads a KV head
+       at head_dim 128 (a thread a dimension) merge their own partials; the combine kernel then
+       runs only when prefill tiles need it (and rewrites the decode tokens' same bits) */
+    const int G = n_head / n_kv_head;
+    const bool fuse = st->attn_fuse && head_dim == ECU_ATTN_WARPS * 32 && p->n_dec_tiles > 0 &&
+                      (G == 1 || G == 2 || G == 4 || G == 8);
+    st->attn_fuse_out = NULL;
+    if (fuse) {
+        void *was = st->attn_cnt.ptr;
+        ECU_TRY(ecu_buf_reserve(&st->attn_cnt, (size_t)p->n_tok * n_kv_head * sizeof(unsigned)));
+        if (st->attn_cnt.ptr != was) /* new memory: the counters start at 0 */
+            ECU_CHECK(cudaMemsetAsync(st->attn_cnt.ptr, 0, st->attn_cnt.bytes, st->stream));
+        st->attn_fuse_out = out;
+    }
     int rc;
 #define ECU_ATTN_KV(HD)                                                                        \
     (be->kv_dtype == ENG_DTYPE_BF16                                                            \
@@ -1001,8 +1073,11 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
                                        block_size))
     rc = head_dim == 64 ? ECU_ATTN_KV(64) : ECU_ATTN_KV(128);
 #undef ECU_ATTN_KV
+    st->attn_fuse_out = NULL;
     if (rc)
         return rc;
+    if (fuse && p->n_tiles == p->n_dec_tiles)
+        return 0;
     dim3 grid(p->n_tok, n_head);
     ECU_CHECK(ecu_launch(st, s_attn_combine_kernel, grid, dim3(head_dim), 0, out,
                          (const float *)st->part_o.ptr, (const float2 *)st->part_ml.ptr,

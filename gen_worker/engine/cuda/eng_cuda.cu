@@ -437,6 +437,7 @@ static void s_destroy(eng_backend_t **be_p)
         ecu_buf_release(&st->rope_tab);
         ecu_buf_release(&st->part_o);
         ecu_buf_release(&st->part_ml);
+        ecu_buf_release(&st->attn_cnt);
         ecu_buf_release(&st->samp_params);
         ecu_buf_release(&st->samp_out);
         ecu_buf_release_host(&st->samp_host);
@@ -503,6 +504,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
         st->attn_mma = !(am && strcmp(am, "0") == 0);
+        /* ANVIL_CUDA_ATTN_FUSE=1: the last decode block of a token merges its partials (no
+           combine kernel for decode; attention.cu; A/B) */
+        const char *af = getenv("ANVIL_CUDA_ATTN_FUSE");
+        st->attn_fuse = af && strcmp(af, "1") == 0;
         /* blocks a row of the sampler: 0 = by batch (a cluster of 8 on sm_90 while the
            rows' clusters fit in two blocks an SM, see ecu_sample); ANVIL_CUDA_SAMPLE_BLOCKS=1
            or 8 fixes it (A/B) */
@@ -558,7 +563,11 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
              st->gemv_ring      ? "persistent, cp.async ring"
              : st->gemv_persist ? "persistent (staged norm)"
                                 : "a block a group",
-             st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
+             st->attn_mma ? (st->attn_fuse ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head), "
+                                             "fused combine"
+                                           : "mma (bf16/fp8 KV, 4 or 8 heads a KV head)")
+             : st->attn_fuse ? "fma, fused combine"
+                             : "fma",
              st->sample_blocks == 0   ? "8 blocks a row up to 2 x SMs / 8 rows, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
                                       : "8 blocks a row");

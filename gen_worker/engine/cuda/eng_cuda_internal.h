@@ -155,6 +155,9 @@ typedef struct {
     int rope_tab_ok, rope_tab_n, rope_tab_hd;
     float rope_tab_theta;
     ecu_buf_t part_o, part_ml;  /* attention partials */
+    int attn_fuse;              /* decode blocks merge their partials (attention.cu) */
+    ecu_buf_t attn_cnt;         /* the fused combine's counters, (n_tok, n_kv_head) u32 */
+    float *attn_fuse_out;       /* set around the decode launch when it fuses the combine */
 
     /* sampling */
     int sample_blocks;          /* blocks a row: 1, ECU_SM_CLUSTER (sm_90), 0 = by batch */

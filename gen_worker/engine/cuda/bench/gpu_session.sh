@@ -41,6 +41,11 @@
 #   bench_ring   bf16 then fp8 KV, batch 1 and 256 and batch 256 at 2k, with the register GEMV
 #                and with ANVIL_CUDA_GEMV_RING=1, in turn: the ring's A/B in one session; then
 #                batch 1 with the ring at ANVIL_CUDA_GEMV_WAVES 1, 5 and 10 (its segments)
+#   ops_fuse     test_cuda_ops with ANVIL_CUDA_ATTN_FUSE=1 (decode blocks merge their partials)
+#   model_fuse   test_cuda_model with ANVIL_CUDA_ATTN_FUSE=1
+#   graphs_fuse  test_cuda_graphs with ANVIL_CUDA_ATTN_FUSE=1
+#   bench_fuse   bench_ring's bf16 runs with ANVIL_CUDA_ATTN_FUSE=1 (register GEMV): the fused
+#                combine's side of the A/B against bench_ring's first run
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -231,6 +236,10 @@ step bench_ring 300 env RING_KVS="$RING_KVS" bash -c 'b=$0; n=$1; shift
             echo "== kv default ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_WAVES=$wv"
             ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_WAVES=$wv "$b" "${b1[@]}" || exit 1
         done' "$BENCH" "${#RING_ARGS[@]}" "${RING_ARGS[@]}" "${RING_B1[@]}"
+step ops_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_OPS"
+step model_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_MODEL"
+step graphs_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_GRAPHS"
+step bench_fuse 120 env ANVIL_CUDA_ATTN_FUSE=1 "$BENCH" "${RING_ARGS[@]}"
 step bench 200 "$BENCH" "${BENCH_ARGS[@]}"
 if [ $DRY = 1 ]; then
     step bench_nopdl 60 env ANVIL_CUDA_PDL=0 "$BENCH" "${BENCH_ARGS[@]}"
@@ -343,6 +352,8 @@ fi
     grep -E "^(kernel|step) " "$OUT/kernels_ring.log" 2>/dev/null
     echo "== the ring's A/B: bf16 then fp8 KV, register GEMV then ring; ring at 1 / 5 / 10 waves"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ring.log" 2>/dev/null
+    echo "== the fused decode combine (ANVIL_CUDA_ATTN_FUSE=1), bf16 KV"
+    grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fuse.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels_b256.log" 2>/dev/null
     echo "== the same step with fp8 KV: mma decode, then FMA decode (ncu)"
