@@ -19,8 +19,12 @@
     rsqrt(mean + eps): no norm kernel and no normalised copy), and an epilogue adds the result
     into the residual stream, or pairs rows inside a block (gate j with up j for SwiGLU; dims
     i and i + head_dim/2 of a head for RoPE, then q written out and k, v stored in the paged
-    caches). Larger batches compose the same ops from the other kernels (the norm writes the
-    product's rounded input itself, the residual add is cuBLASLt's beta).
+    caches; their angles come from a table computed once a step, s_rope_angles). Larger
+    batches compose the same ops from the other kernels (the norm writes the product's rounded
+    input itself, the residual add is cuBLASLt's beta). ANVIL_CUDA_GEMV_RING=1 swaps the
+    GEMV's register pipeline for s_gemv_ring_kernel (the same groups, sums and epilogues; the
+    weights through a cp.async ring in shared memory, on a persistent grid): an A/B, not yet
+    measured.
 */
 #include "eng_cuda_internal.h"
 
