@@ -10,8 +10,10 @@
     CPU's composition of the separate ops. Sampling is checked
     for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance and
     the empirical distribution over many seeds, for the default sampler (blocks a row by
-    batch) and each fixed one (one block a row, a cluster of 8 blocks a row:
-    ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), with the time of a sample call printed for each. Exit 77
+    batch), each fixed one (one block a row, a cluster of 8 blocks a row:
+    ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) and the default without its candidate list
+    (ANVIL_CUDA_SAMPLE_LIST=0), with the time of a sample call printed for each; rows that
+    overflow the candidate list are drawn against the host too. Exit 77
     without a GPU.
 */
 #include "ecu_test.h"
@@ -585,6 +587,33 @@ static void test_softmax_sample(eng_backend_t *gb, const char *label)
                  th[r]);
         ecu_t_check(tg[r] == th[r] && fabsf(lg[r] - lh[r]) < 1e-4f, name);
     }
+    /* rows the sampler's candidate list (2048 a block, softmax.cu) cannot hold, and the
+       truncations that build it from top-p: a row of equal logits (every block reads its
+       part of the row again), a row whose first 2500 ids tie at the top (all in the first
+       block's part: with a cluster, one block falls back and the others read their lists),
+       top-p alone (its own two bytes make the list), top-p alone with min-p */
+    float *xl = s_rand(t, 8.0f);
+    for (int i = 0; i < vocab; i++)
+        xl[i] = 1.5f;
+    for (int i = 0; i < 2500; i++)
+        xl[vocab + i] = 12.0f;
+    sp[0] = (eng_sample_params_t){1.0f, 40, 0.95f, 0.0f, 101, 2};
+    sp[1] = (eng_sample_params_t){0.8f, 40, 0.9f, 0.0f, 202, 4};
+    sp[2] = (eng_sample_params_t){1.0f, 0, 0.9f, 0.0f, 303, 6};
+    sp[3] = (eng_sample_params_t){0.7f, 0, 0.8f, 0.05f, 404, 8};
+    float *gxl = ecu_t_put(gb, xl, t * 4);
+    gb->sample(gb, tg, lg, gxl, n, vocab, sp);
+    cpu->sample(cpu, th, lh, xl, n, vocab, sp);
+    static const char *const what[4] = {"equal logits", "2500 tied at the top", "top-p alone",
+                                        "top-p and min-p"};
+    for (int r = 0; r < n; r++) {
+        snprintf(name, sizeof(name), "vocab=155136 %s: GPU token %d, host token %d", what[r],
+                 tg[r], th[r]);
+        ecu_t_check(tg[r] == th[r] && fabsf(lg[r] - lh[r]) < 1e-4f, name);
+    }
+    ecu_t_check(tg[1] >= 0 && tg[1] < 2500, "a row with 2500 tied at the top draws one of them");
+    gb->free(gb, gxl);
+    free(xl);
     gb->free(gb, gl), gb->free(gb, go), gb->free(gb, grl);
     free(l), free(ref), free(got), free(rl), free(rp), free(rt), free(rt2), free(rlp);
 }
@@ -673,17 +702,21 @@ int main(void)
     test_linears();
     test_softmax_sample(gpu, "blocks a row by batch (the default)");
     s_sample_timing(gpu, "blocks a row by batch (the default)");
-    /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) must draw exactly what the host does */
-    static const char *const fixed[2][2] = {{"1", "one block a row"},
-                                            {"8", "a cluster of 8 blocks a row"}};
-    for (int f = 0; f < 2; f++) {
-        setenv("ANVIL_CUDA_SAMPLE_BLOCKS", fixed[f][0], 1);
+    /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), and the default without its
+       candidate list (ANVIL_CUDA_SAMPLE_LIST=0, every pass over the row), must draw exactly
+       what the host does; their timings are the A/B */
+    static const char *const fixed[3][3] = {
+        {"ANVIL_CUDA_SAMPLE_BLOCKS", "1", "one block a row"},
+        {"ANVIL_CUDA_SAMPLE_BLOCKS", "8", "a cluster of 8 blocks a row"},
+        {"ANVIL_CUDA_SAMPLE_LIST", "0", "blocks a row by batch, no candidate list"}};
+    for (int f = 0; f < 3; f++) {
+        setenv(fixed[f][0], fixed[f][1], 1);
         eng_backend_t *gpuc = eng_backend_new("cuda", 0);
-        unsetenv("ANVIL_CUDA_SAMPLE_BLOCKS");
+        unsetenv(fixed[f][0]);
         ecu_t_check(gpuc != NULL, "a backend with a fixed sampler");
         if (gpuc) {
-            test_softmax_sample(gpuc, fixed[f][1]);
-            s_sample_timing(gpuc, fixed[f][1]);
+            test_softmax_sample(gpuc, fixed[f][2]);
+            s_sample_timing(gpuc, fixed[f][2]);
             gpuc->destroy(&gpuc);
         }
     }

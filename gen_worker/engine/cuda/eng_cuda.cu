@@ -508,8 +508,12 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            combine kernel for decode; attention.cu; A/B) */
         const char *af = getenv("ANVIL_CUDA_ATTN_FUSE");
         st->attn_fuse = af && strcmp(af, "1") == 0;
+        /* ANVIL_CUDA_SAMPLE_LIST=0: the sampler's later passes read the whole row instead of
+           the candidates compacted after two radix bytes (softmax.cu; A/B) */
+        const char *sl = getenv("ANVIL_CUDA_SAMPLE_LIST");
+        st->sample_list = !(sl && strcmp(sl, "0") == 0);
         /* blocks a row of the sampler: 0 = by batch (a cluster of 8 on sm_90 while the
-           rows' clusters fit in two blocks an SM, see ecu_sample); ANVIL_CUDA_SAMPLE_BLOCKS=1
+           rows' clusters are resident at once, see ecu_sample); ANVIL_CUDA_SAMPLE_BLOCKS=1
            or 8 fixes it (A/B) */
         const char *sb = getenv("ANVIL_CUDA_SAMPLE_BLOCKS");
         st->sample_blocks = prop.major >= 9 ? 0 : 1;
@@ -557,7 +561,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->linear = ecu_linear;
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, decode "
-             "attention %s, sampler %s",
+             "attention %s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
              st->gemv_ring      ? "persistent, cp.async ring"
@@ -568,9 +572,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
                                            : "mma (bf16/fp8 KV, 4 or 8 heads a KV head)")
              : st->attn_fuse ? "fma, fused combine"
                              : "fma",
-             st->sample_blocks == 0   ? "8 blocks a row up to 2 x SMs / 8 rows, then 1"
+             st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
-                                      : "8 blocks a row");
+                                      : "8 blocks a row",
+             st->sample_list ? ", candidate list" : ", whole-row passes");
     return be;
 fail:
     s_destroy(&be);

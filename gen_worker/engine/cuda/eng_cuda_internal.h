@@ -161,6 +161,8 @@ typedef struct {
 
     /* sampling */
     int sample_blocks;          /* blocks a row: 1, ECU_SM_CLUSTER (sm_90), 0 = by batch */
+    int sample_list;            /* the sampler compacts a row's candidates (softmax.cu) */
+    int sample_clusters;        /* rows whose sampler clusters are resident at once (0: ask) */
     ecu_buf_t samp_params;      /* device copy of params */
     ecu_buf_t samp_out;         /* (n) {token, logprob} device */
     ecu_buf_t samp_host;        /* pinned staging for params and results */

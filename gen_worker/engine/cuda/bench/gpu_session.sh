@@ -46,6 +46,8 @@
 #   graphs_fuse  test_cuda_graphs with ANVIL_CUDA_ATTN_FUSE=1
 #   bench_fuse   bench_ring's bf16 runs with ANVIL_CUDA_ATTN_FUSE=1 (register GEMV): the fused
 #                combine's side of the A/B against bench_ring's first run
+#   bench_list   bench_fuse's runs without it, with ANVIL_CUDA_SAMPLE_LIST=0 (the sampler reads the
+#                whole row in every pass): the candidate list's A/B against bench_ring's first run
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -240,6 +242,7 @@ step ops_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_OPS"
 step model_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_MODEL"
 step graphs_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_GRAPHS"
 step bench_fuse 120 env ANVIL_CUDA_ATTN_FUSE=1 "$BENCH" "${RING_ARGS[@]}"
+step bench_list 120 env ANVIL_CUDA_SAMPLE_LIST=0 "$BENCH" "${RING_ARGS[@]}"
 step bench 200 "$BENCH" "${BENCH_ARGS[@]}"
 if [ $DRY = 1 ]; then
     step bench_nopdl 60 env ANVIL_CUDA_PDL=0 "$BENCH" "${BENCH_ARGS[@]}"
@@ -354,6 +357,8 @@ fi
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ring.log" 2>/dev/null
     echo "== the fused decode combine (ANVIL_CUDA_ATTN_FUSE=1), bf16 KV"
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fuse.log" 2>/dev/null
+    echo "== the sampler without its candidate list (ANVIL_CUDA_SAMPLE_LIST=0), bf16 KV"
+    grep -E "^(device|decode|decode_ctx)" "$OUT/bench_list.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels_b256.log" 2>/dev/null
     echo "== the same step with fp8 KV: mma decode, then FMA decode (ncu)"
