@@ -500,6 +500,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_WAVES: resident waves the GEMV's column segments aim for (2.5) */
         const char *gw = getenv("ANVIL_CUDA_GEMV_WAVES");
         st->gemv_waves2 = gw && atof(gw) >= 0.5 && atof(gw) <= 64 ? (int)(atof(gw) * 2) : 5;
+        /* ANVIL_CUDA_GEMV_FOLD=1: the norm folded into W as it is read at every batch, no
+           staged input (matmul.cu; A/B) */
+        const char *gf = getenv("ANVIL_CUDA_GEMV_FOLD");
+        st->gemv_fold = gf && strcmp(gf, "1") == 0;
         /* decode attention on tensor cores for bf16 / fp8 KV and 4 or 8 query heads a KV head
            (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
@@ -565,6 +569,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
              st->gemv_ring      ? "persistent, cp.async ring"
+             : st->gemv_fold    ? "a block a group, norm folded"
              : st->gemv_persist ? "persistent (staged norm)"
                                 : "a block a group",
              st->attn_mma ? (st->attn_fuse ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head), "

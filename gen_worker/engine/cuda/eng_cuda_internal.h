@@ -125,6 +125,7 @@ typedef struct {
     int gemv_persist;           /* persistent grid for the staged-norm GEMVs (matmul.cu) */
     int gemv_ring;              /* the cp.async ring GEMV (matmul.cu) */
     int gemv_waves2;            /* resident waves x 2 the GEMV's segments aim for (matmul.cu) */
+    int gemv_fold;              /* small batches fold the norm into W too (matmul.cu; A/B) */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     cudaStream_t stream;
     cublasLtHandle_t lt;

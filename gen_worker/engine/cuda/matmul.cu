@@ -719,7 +719,11 @@ static int s_gemv_launch_norm(const ecu_state_t *st, const void *w, const s_gemv
 {
     if (!a.norm_w)
         return s_gemv_launch_t<T, S_NORM_NONE>(st, w, a);
-    if ((long)a.n * a.in_dim <= ECU_GEMV_STAGE)
+    /* ANVIL_CUDA_GEMV_FOLD=1 (st->gemv_fold): no staged input at small batch either. Each
+       block of the persistent grid stages x * g before its first group, a cost QKV (768
+       groups, 21.7 us a layer at batch 1 on the H200) spreads over fewer groups a block than
+       gate|up (3584); the A/B, not yet measured */
+    if ((long)a.n * a.in_dim <= ECU_GEMV_STAGE && !st->gemv_fold)
         return s_gemv_launch_t<T, S_NORM_STAGE>(st, w, a);
     return s_gemv_launch_t<T, S_NORM_FOLD>(st, w, a);
 }

@@ -40,7 +40,9 @@
 #   graphs_ring  test_cuda_graphs with ANVIL_CUDA_GEMV_RING=1
 #   bench_ring   bf16 then fp8 KV, batch 1 and 256 and batch 256 at 2k, with the register GEMV
 #                and with ANVIL_CUDA_GEMV_RING=1, in turn: the ring's A/B in one session; then
-#                batch 1 with the ring at ANVIL_CUDA_GEMV_WAVES 1, 5 and 10 (its segments)
+#                batch 1 with the ring at ANVIL_CUDA_GEMV_WAVES 1, 5 and 10 (its segments);
+#                batch 1 with ANVIL_CUDA_GEMV_FOLD=1 (no staged norm input), register GEMV
+#                then ring
 #   ops_fuse     test_cuda_ops with ANVIL_CUDA_ATTN_FUSE=1 (decode blocks merge their partials)
 #   model_fuse   test_cuda_model with ANVIL_CUDA_ATTN_FUSE=1
 #   graphs_fuse  test_cuda_graphs with ANVIL_CUDA_ATTN_FUSE=1
@@ -226,7 +228,7 @@ else
     RING_B1=(--cuda-graphs --batches 1 --prompt 512 --new 128 --ctx-batch 0 --grpo-prompts 0)
     RING_KVS="bf16 fp8"
 fi
-step bench_ring 300 env RING_KVS="$RING_KVS" bash -c 'b=$0; n=$1; shift
+step bench_ring 360 env RING_KVS="$RING_KVS" bash -c 'b=$0; n=$1; shift
         a=("${@:1:$n}"); b1=("${@:$((n + 1))}")
         for kv in $RING_KVS; do
             for r in 0 1; do
@@ -237,6 +239,10 @@ step bench_ring 300 env RING_KVS="$RING_KVS" bash -c 'b=$0; n=$1; shift
         for wv in 1 5 10; do
             echo "== kv default ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_WAVES=$wv"
             ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_WAVES=$wv "$b" "${b1[@]}" || exit 1
+        done
+        for r in 0 1; do
+            echo "== kv default ANVIL_CUDA_GEMV_RING=$r ANVIL_CUDA_GEMV_FOLD=1"
+            ANVIL_CUDA_GEMV_RING=$r ANVIL_CUDA_GEMV_FOLD=1 "$b" "${b1[@]}" || exit 1
         done' "$BENCH" "${#RING_ARGS[@]}" "${RING_ARGS[@]}" "${RING_B1[@]}"
 step ops_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_OPS"
 step model_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_MODEL"
@@ -353,7 +359,7 @@ fi
     grep -E "^(kernel|step) " "$OUT/kernels.log" 2>/dev/null
     echo "== the same step with the GEMV's cp.async ring (ANVIL_CUDA_GEMV_RING=1, ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels_ring.log" 2>/dev/null
-    echo "== the ring's A/B: bf16 then fp8 KV, register GEMV then ring; ring at 1 / 5 / 10 waves"
+    echo "== the ring's A/B: bf16 then fp8 KV, register GEMV then ring; ring at 1 / 5 / 10 waves; folded norm"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ring.log" 2>/dev/null
     echo "== the fused decode combine (ANVIL_CUDA_ATTN_FUSE=1), bf16 KV"
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fuse.log" 2>/dev/null
