@@ -125,10 +125,21 @@ static void *s_alloc(eng_backend_t *be, size_t bytes)
     return p;
 }
 
+/* Freed memory may have held weights: the successor prefetch forgets what it learned (it
+   must not prefetch from a freed range). */
+static void s_pf_forget(eng_backend_t *be)
+{
+    ecu_state_t *st = ecu_st(be);
+    memset(st->pf, 0, sizeof(st->pf));
+    st->pf_last = NULL;
+}
+
 static void s_free(eng_backend_t *be, void *ptr)
 {
-    if (ptr)
+    if (ptr) {
+        s_pf_forget(be);
         cudaFree(ptr);
+    }
 }
 
 static int s_stage_submit(void *ctx, int b, void *dst, size_t n)
@@ -192,8 +203,10 @@ static void *s_weight(eng_backend_t *be, const void *host, size_t bytes)
 
 static void s_weight_release(eng_backend_t *be, void *ptr)
 {
-    if (ptr)
+    if (ptr) {
+        s_pf_forget(be);
         cudaFree(ptr);
+    }
 }
 
 /* A checkpoint tensor into device memory the caller allocated (stacked weights), through the
@@ -504,6 +517,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            staged input (matmul.cu; A/B) */
         const char *gf = getenv("ANVIL_CUDA_GEMV_FOLD");
         st->gemv_fold = gf && strcmp(gf, "1") == 0;
+        /* ANVIL_CUDA_PREFETCH_MB=M: a GEMV's last blocks prefetch the first M MB of the next
+           product's weights into L2 (matmul.cu; off by default, the A/B) */
+        const char *pm = getenv("ANVIL_CUDA_PREFETCH_MB");
+        st->pf_max = pm && atoi(pm) > 0 && atoi(pm) <= 1024 ? (size_t)atoi(pm) << 20 : 0;
         /* decode attention on tensor cores for bf16 / fp8 KV and 4 or 8 query heads a KV head
            (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
@@ -564,15 +581,15 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->swiglu_fused = ecu_swiglu_fused;
     be->linear = ecu_linear;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, decode "
-             "attention %s, sampler %s%s",
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, prefetch %zu "
+             "MB, decode attention %s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
              st->gemv_ring      ? "persistent, cp.async ring"
              : st->gemv_fold    ? "a block a group, norm folded"
              : st->gemv_persist ? "persistent (staged norm)"
                                 : "a block a group",
-             st->attn_mma ? (st->attn_fuse ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head), "
+             st->pf_max >> 20, st->attn_mma ? (st->attn_fuse ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head), "
                                              "fused combine"
                                            : "mma (bf16/fp8 KV, 4 or 8 heads a KV head)")
              : st->attn_fuse ? "fma, fused combine"

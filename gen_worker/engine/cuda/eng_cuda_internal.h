@@ -117,6 +117,14 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;
 } ecu_lt_algo_t;
 
+/* The successor prefetch (matmul.cu): what followed a weight matrix in the products the
+   last time, learned as they run. */
+#define ECU_PF_SLOTS 512
+typedef struct {
+    const void *w, *next;
+    size_t next_bytes;
+} ecu_pf_t;
+
 typedef struct {
     int device;
     int n_sm;
@@ -126,6 +134,10 @@ typedef struct {
     int gemv_ring;              /* the cp.async ring GEMV (matmul.cu) */
     int gemv_waves2;            /* resident waves x 2 the GEMV's segments aim for (matmul.cu) */
     int gemv_fold;              /* small batches fold the norm into W too (matmul.cu; A/B) */
+    size_t pf_max;              /* bytes of the next product's weights a GEMV prefetches into
+                                   L2 as its blocks end (0: off; ANVIL_CUDA_PREFETCH_MB) */
+    ecu_pf_t pf[ECU_PF_SLOTS];  /* weight -> the weight of the product after it */
+    const void *pf_last;        /* the last product's weight */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     cudaStream_t stream;
     cublasLtHandle_t lt;

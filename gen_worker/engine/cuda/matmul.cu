@@ -24,7 +24,10 @@
     input itself, the residual add is cuBLASLt's beta). ANVIL_CUDA_GEMV_RING=1 swaps the
     GEMV's register pipeline for s_gemv_ring_kernel (the same groups, sums and epilogues; the
     weights through a cp.async ring in shared memory, on a persistent grid): an A/B, not yet
-    measured.
+    measured. ANVIL_CUDA_PREFETCH_MB (st->pf_max, off by default; not yet measured): a GEMV's
+    last resident wave prefetches the first M MB of the next product's weights into L2 as its
+    blocks end (s_gemv_prefetch), so DRAM keeps working through the kernel's tail and the
+    short kernels after it; which product comes next is learned as they run (s_pf_step).
 */
 #include "eng_cuda_internal.h"
 
@@ -86,7 +89,37 @@ typedef struct {
     const int32_t *slots;    /* ROPE_KV: (n) device */
     const float2 *angles;    /* ROPE_KV: (n, head_dim / 2) {cos, sin} (s_rope_angles) */
     int n_head, n_kv_head, head_dim, kv_dtype;
+    /* the successor prefetch: the first pf_bytes of the next product's weights, in slices,
+       one a block for blocks pf_first .. pf_first + pf_blocks - 1 (the last resident wave),
+       issued as each block ends; pf NULL: none */
+    const char *pf;
+    unsigned long long pf_bytes;
+    unsigned pf_first, pf_blocks;
 } s_gemv_args_t;
+
+#define ECU_PF_CHUNK 16384 /* bytes a bulk prefetch instruction asks for */
+
+/* This block's slice of the successor prefetch (s_gemv_args_t.pf): bulk L2 prefetches
+   (cp.async.bulk.prefetch, sm_90), a hint with nothing to wait for, issued as the block ends
+   so that the DRAM time of the kernel's tail and of the short kernels after it (attention
+   before O, the sampler before the next step's first QKV) fetches what the next GEMV's first
+   wave reads. Byte counts and offsets are multiples of 16. */
+static __device__ __forceinline__ void s_gemv_prefetch(const s_gemv_args_t &a)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!a.pf || blockIdx.x < a.pf_first || blockIdx.x - a.pf_first >= a.pf_blocks)
+        return;
+    const unsigned long long slice = (a.pf_bytes / a.pf_blocks + 15) & ~15ull;
+    const unsigned long long s0 = (blockIdx.x - a.pf_first) * slice;
+    const unsigned long long s1 = s0 + slice < a.pf_bytes ? s0 + slice : a.pf_bytes;
+    for (unsigned long long at = s0 + (unsigned long long)threadIdx.x * ECU_PF_CHUNK; at < s1;
+         at += (unsigned long long)blockDim.x * ECU_PF_CHUNK) {
+        const unsigned sz = (unsigned)(s1 - at < ECU_PF_CHUNK ? s1 - at : ECU_PF_CHUNK);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf + at), "r"(sz)
+                     : "memory");
+    }
+#endif
+}
 
 /* acc[r] += the 8 weights at column k times row r of x, for the n <= N live rows. FOLD (the
    norm folded into W): the weights are first scaled by the norm's weights g (once for all
@@ -455,6 +488,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
         if constexpr (ROPE)
             s_rope_prep(a, b, R, &rc, &rs, &kvo);
     }
+    s_gemv_prefetch(a);
 }
 
 /* The ring GEMV (ANVIL_CUDA_GEMV_RING=1, st->gemv_ring): the same work, groups, sums and
@@ -579,6 +613,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
             __syncthreads(); /* part and fin are reused by the next group */
     }
     s_cp_wait<0>();
+    s_gemv_prefetch(a);
 }
 
 /* Column segments a row for the GEMV: short weight matrices (QKV, O, down at batch 1) fill
@@ -684,6 +719,10 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
        all (the A/B). */
     const bool pgrid = st->gemv_ring || (st->gemv_persist && NORM == S_NORM_STAGE);
     const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
+    if (a.pf) { /* the last resident wave prefetches */
+        a.pf_blocks = (unsigned)((long)grid.x < slots ? (long)grid.x : slots);
+        a.pf_first = grid.x - a.pf_blocks;
+    }
     if (st->gemv_ring) {
         const size_t rsmem = s_ring_bytes<T>() + smem;
         if (rope)
@@ -858,10 +897,57 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
     return 0;
 }
 
+/* The successor prefetch's table (st->pf, open addressing on the weight's address): the
+   entry of w, added when insert and there is room; NULL otherwise. */
+static ecu_pf_t *s_pf_find(ecu_state_t *st, const void *w, bool insert)
+{
+    uint64_t h = (uint64_t)(uintptr_t)w >> 8;
+    h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+    for (int i = 0; i < ECU_PF_SLOTS; i++) {
+        ecu_pf_t *e = &st->pf[(h + (uint64_t)i) % ECU_PF_SLOTS];
+        if (e->w == w)
+            return e;
+        if (!e->w) {
+            if (!insert)
+                return NULL;
+            e->w = w, e->next = NULL, e->next_bytes = 0;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* A product with weight w (bytes long) is about to run: records it as the successor of the
+   product before (a decode step runs the same products in the same order every step, and
+   the last one, lm_head, is followed by the next step's first), and gives the weight that
+   followed w the last time with the bytes of it to prefetch (*pf NULL: none known, or the
+   prefetch is off). The table is forgotten when device memory is freed (eng_cuda.cu). */
+static void s_pf_step(ecu_state_t *st, const void *w, size_t bytes, const char **pf,
+                      unsigned long long *pf_bytes)
+{
+    *pf = NULL, *pf_bytes = 0;
+    if (!st->pf_max)
+        return;
+    if (st->pf_last && st->pf_last != w) {
+        ecu_pf_t *e = s_pf_find(st, st->pf_last, true);
+        if (e)
+            e->next = w, e->next_bytes = bytes;
+    }
+    st->pf_last = w;
+    const ecu_pf_t *e = s_pf_find(st, w, false);
+    if (e && e->next && e->next != w) {
+        size_t b = e->next_bytes < st->pf_max ? e->next_bytes : st->pf_max;
+        *pf = (const char *)e->next, *pf_bytes = b & ~(size_t)15;
+        if (*pf_bytes == 0 || (uintptr_t)e->next % 16)
+            *pf = NULL, *pf_bytes = 0;
+    }
+}
+
 /* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= ECU_GEMV_MAX
-   (16-byte aligned rows), cuBLASLt above. */
+   (16-byte aligned rows), cuBLASLt above. pf / pf_bytes: the GEMV's successor prefetch. */
 static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, const void *bias,
-                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
+                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc,
+                    const char *pf = NULL, unsigned long long pf_bytes = 0)
 {
     if (in_dim % 8) {
         ANV_ERROR("cuda matmul: in_dim %d is not a multiple of 8", in_dim);
@@ -873,6 +959,7 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
         s_gemv_args_t a = {};
         a.out = out, a.x = x, a.bias = bias, a.n = n, a.in_dim = in_dim, a.out_dim = out_dim;
         a.epi = acc ? ENG_LIN_ADD : ENG_LIN_PLAIN;
+        a.pf = pf, a.pf_bytes = pf_bytes;
         int rc = s_gemv_launch(st, w, dtype, a);
         return rc < 0 ? rc : rc == 1 ? 0 : ANV_EINTERNAL; /* plain rows always fit */
     }
@@ -898,7 +985,11 @@ extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const v
     if (!out || !x || !w || n <= 0 || in_dim <= 0 || out_dim <= 0 || ecu_dtype_size(dtype) == 0 ||
         out == x)
         return -EINVAL;
-    return s_matmul(ecu_st(be), out, x, w, bias, dtype, n, in_dim, out_dim, false);
+    ecu_state_t *st = ecu_st(be);
+    const char *pf;
+    unsigned long long pfb;
+    s_pf_step(st, w, (size_t)out_dim * in_dim * ecu_dtype_size(dtype), &pf, &pfb);
+    return s_matmul(st, out, x, w, bias, dtype, n, in_dim, out_dim, false, pf, pfb);
 }
 
 /* linear op by op, for shapes the fused GEMV does not take (more than ECU_GEMV_MAX rows,
@@ -983,8 +1074,12 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
     }
     const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 &&
                          (uintptr_t)f->norm_w % 16 == 0;
+    const char *pf;
+    unsigned long long pfb;
+    s_pf_step(st, w, (size_t)out_dim * in_dim * ecu_dtype_size(dtype), &pf, &pfb);
     if (n <= ECU_GEMV_MAX && aligned && (!f->norm_w || f->norm_dtype == dtype)) {
         s_gemv_args_t a = {};
+        a.pf = pf, a.pf_bytes = pfb;
         a.out = out, a.x = x, a.bias = bias, a.norm_w = f->norm_w, a.eps = f->eps, a.n = n;
         a.in_dim = in_dim, a.out_dim = out_dim, a.epi = f->epi;
         if (f->epi == ENG_LIN_ROPE_KV) {

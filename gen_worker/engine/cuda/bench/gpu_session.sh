@@ -50,6 +50,11 @@
 #                combine's side of the A/B against bench_ring's first run
 #   bench_list   bench_fuse's runs without it, with ANVIL_CUDA_SAMPLE_LIST=0 (the sampler reads the
 #                whole row in every pass): the candidate list's A/B against bench_ring's first run
+#   model_pf     test_cuda_model with ANVIL_CUDA_PREFETCH_MB=16 (the successor prefetch: a hint,
+#                so the same results; checks that nothing faults)
+#   graphs_pf    test_cuda_graphs with ANVIL_CUDA_PREFETCH_MB=16
+#   bench_pf     batch 1, bf16 KV, graphs: ANVIL_CUDA_PREFETCH_MB 0, 8, 16 and 32 with the
+#                register GEMV, then 16 with the ring: the successor prefetch's A/B
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -249,6 +254,15 @@ step model_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_MODEL"
 step graphs_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_GRAPHS"
 step bench_fuse 120 env ANVIL_CUDA_ATTN_FUSE=1 "$BENCH" "${RING_ARGS[@]}"
 step bench_list 120 env ANVIL_CUDA_SAMPLE_LIST=0 "$BENCH" "${RING_ARGS[@]}"
+step model_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_MODEL"
+step graphs_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_GRAPHS"
+step bench_pf 200 bash -c 'b=$0
+        for mb in 0 8 16 32; do
+            echo "== ANVIL_CUDA_PREFETCH_MB=$mb"
+            ANVIL_CUDA_PREFETCH_MB=$mb "$b" "$@" || exit 1
+        done
+        echo "== ANVIL_CUDA_PREFETCH_MB=16 ANVIL_CUDA_GEMV_RING=1"
+        ANVIL_CUDA_PREFETCH_MB=16 ANVIL_CUDA_GEMV_RING=1 "$b" "$@"' "$BENCH" "${RING_B1[@]}"
 step bench 200 "$BENCH" "${BENCH_ARGS[@]}"
 if [ $DRY = 1 ]; then
     step bench_nopdl 60 env ANVIL_CUDA_PDL=0 "$BENCH" "${BENCH_ARGS[@]}"
@@ -365,6 +379,8 @@ fi
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fuse.log" 2>/dev/null
     echo "== the sampler without its candidate list (ANVIL_CUDA_SAMPLE_LIST=0), bf16 KV"
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_list.log" 2>/dev/null
+    echo "== the successor prefetch (ANVIL_CUDA_PREFETCH_MB), batch 1"
+    grep -E "^(==|device|decode)" "$OUT/bench_pf.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels_b256.log" 2>/dev/null
     echo "== the same step with fp8 KV: mma decode, then FMA decode (ncu)"
