@@ -742,8 +742,12 @@ static __device__ __forceinline__ void s_vpairs(const unsigned (&r0)[VW],
     }
 }
 
-template <int HD, int G, typename T>
-static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
+/* VL (ANVIL_CUDA_ATTN_VLATE=1, st->attn_vlate; the A/B): V rows are loaded after the
+   softmax instead of with K, so K's and V's registers are not live at once (bf16 at head_dim
+   128 held 164 registers, 3 blocks an SM); two round trips a warp, at 4 blocks an SM. The
+   same values reach the same arithmetic. */
+template <int HD, int G, typename T, bool VL = false>
+static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     s_attn_decode_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
                              const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
                              const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
@@ -795,15 +799,19 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         const int kk = 8 * t + g, p = __shfl_sync(full, pos, kk);
         s_ldw<KW>(kw[t], kb + (size_t)p * kv_row, kk < nvalid);
     }
+    auto load_v = [&]() {
 #pragma unroll
-    for (int s = 0; s < 2; s++)
+        for (int s = 0; s < 2; s++)
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+            for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int kk = 16 * s + 8 * h + 2 * tig + c, p = __shfl_sync(full, pos, kk);
-                s_ldw<VW>(vw[s][h][c], vb + (size_t)p * kv_row, kk < nvalid);
-            }
+                for (int c = 0; c < 2; c++) {
+                    const int kk = 16 * s + 8 * h + 2 * tig + c, p = __shfl_sync(full, pos, kk);
+                    s_ldw<VW>(vw[s][h][c], vb + (size_t)p * kv_row, kk < nvalid);
+                }
+    };
+    if constexpr (!VL)
+        load_v();
     /* q's A fragments: {hi, lo} of dims (4 s, 4 s + 1) then of (4 s + 2, 4 s + 3) of the
        quarter tig, heads g < G (rows past G are zeros) */
     for (int idx = threadIdx.x; idx < KS * 32; idx += blockDim.x) {
@@ -859,6 +867,8 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         }
     l += __shfl_xor_sync(full, l, 1);
     l += __shfl_xor_sync(full, l, 2);
+    if constexpr (VL)
+        load_v();
     /* B of p.v, k-step s: rows 2 tig + c from n-tile 2 s, rows 8 + 2 tig + c from 2 s + 1 */
     unsigned ph[2][2], pl[2][2];
 #pragma unroll
@@ -982,7 +992,8 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
     auto kernel = s_attn_decode_kernel<HD, G, T>; /* the two decode kernels share a signature */
     if constexpr ((G == 4 || G == 8) && sizeof(T) <= 2)
         if (st->attn_mma)
-            kernel = s_attn_decode_mma_kernel<HD, G, T>;
+            kernel = st->attn_vlate ? s_attn_decode_mma_kernel<HD, G, T, true>
+                                    : s_attn_decode_mma_kernel<HD, G, T>;
     ECU_CHECK(ecu_launch(st, kernel, grid, dim3(ECU_ATTN_WARPS * 32), 0, q, (const T *)kc,
                          (const T *)vc, (const int4 *)p->tiles, p->tok_part, p->seq_ctx,
                          p->block_tables, p->max_blocks, block_size, n_head, n_kv_head,

@@ -525,6 +525,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
         st->attn_mma = !(am && strcmp(am, "0") == 0);
+        /* ANVIL_CUDA_ATTN_VLATE=1: the tensor-core decode loads V after the softmax (fewer
+           registers, more blocks an SM; attention.cu; A/B) */
+        const char *av = getenv("ANVIL_CUDA_ATTN_VLATE");
+        st->attn_vlate = av && strcmp(av, "1") == 0;
         /* ANVIL_CUDA_ATTN_FUSE=1: the last decode block of a token merges its partials (no
            combine kernel for decode; attention.cu; A/B) */
         const char *af = getenv("ANVIL_CUDA_ATTN_FUSE");
@@ -582,18 +586,17 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->linear = ecu_linear;
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, prefetch %zu "
-             "MB, decode attention %s, sampler %s%s",
+             "MB, decode attention %s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
              st->gemv_ring      ? "persistent, cp.async ring"
              : st->gemv_fold    ? "a block a group, norm folded"
              : st->gemv_persist ? "persistent (staged norm)"
                                 : "a block a group",
-             st->pf_max >> 20, st->attn_mma ? (st->attn_fuse ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head), "
-                                             "fused combine"
-                                           : "mma (bf16/fp8 KV, 4 or 8 heads a KV head)")
-             : st->attn_fuse ? "fma, fused combine"
-                             : "fma",
+             st->pf_max >> 20,
+             st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
+             st->attn_mma && st->attn_vlate ? ", V after the softmax" : "",
+             st->attn_fuse ? ", fused combine" : "",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
                                       : "8 blocks a row",

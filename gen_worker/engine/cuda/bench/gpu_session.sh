@@ -55,6 +55,10 @@
 #   graphs_pf    test_cuda_graphs with ANVIL_CUDA_PREFETCH_MB=16
 #   bench_pf     batch 1, bf16 KV, graphs: ANVIL_CUDA_PREFETCH_MB 0, 8, 16 and 32 with the
 #                register GEMV, then 16 with the ring: the successor prefetch's A/B
+#   ops_vlate    test_cuda_ops with ANVIL_CUDA_ATTN_VLATE=1 (the tensor-core decode loads V after
+#                the softmax: fewer registers, more blocks an SM)
+#   bench_vlate  bench_ring's register-GEMV runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=1:
+#                the A/B against bench_ring's
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -254,6 +258,12 @@ step model_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_MODEL"
 step graphs_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_GRAPHS"
 step bench_fuse 120 env ANVIL_CUDA_ATTN_FUSE=1 "$BENCH" "${RING_ARGS[@]}"
 step bench_list 120 env ANVIL_CUDA_SAMPLE_LIST=0 "$BENCH" "${RING_ARGS[@]}"
+step ops_vlate 90 env ANVIL_CUDA_ATTN_VLATE=1 "$T_OPS"
+step bench_vlate 150 env RING_KVS="$RING_KVS" bash -c 'b=$0
+        for kv in $RING_KVS; do
+            echo "== kv $kv ANVIL_CUDA_ATTN_VLATE=1"
+            ANVIL_CUDA_ATTN_VLATE=1 "$b" --kv-dtype $kv "$@" || exit 1
+        done' "$BENCH" "${RING_ARGS[@]}"
 step model_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_MODEL"
 step graphs_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_GRAPHS"
 step bench_pf 200 bash -c 'b=$0
@@ -379,6 +389,8 @@ fi
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fuse.log" 2>/dev/null
     echo "== the sampler without its candidate list (ANVIL_CUDA_SAMPLE_LIST=0), bf16 KV"
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_list.log" 2>/dev/null
+    echo "== the tensor-core decode with V loaded after the softmax (ANVIL_CUDA_ATTN_VLATE=1)"
+    grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_vlate.log" 2>/dev/null
     echo "== the successor prefetch (ANVIL_CUDA_PREFETCH_MB), batch 1"
     grep -E "^(==|device|decode)" "$OUT/bench_pf.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
