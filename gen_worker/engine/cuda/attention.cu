@@ -742,8 +742,9 @@ static __device__ __forceinline__ void s_vpairs(const unsigned (&r0)[VW],
     }
 }
 
-/* VL (ANVIL_CUDA_ATTN_VLATE=1, st->attn_vlate; the A/B): V rows are loaded after the
-   softmax instead of with K, so K's and V's registers are not live at once (bf16 at head_dim
+/* VL (ANVIL_CUDA_ATTN_VLATE=1, st->attn_vlate; the A/B): V rows are loaded after q.k (their
+   round trip overlapping the softmax) instead of with K, so K's and V's registers are not
+   live at once (bf16 at head_dim
    128 held 164 registers, 3 blocks an SM); two round trips a warp, at 4 blocks an SM. The
    same values reach the same arithmetic. */
 template <int HD, int G, typename T, bool VL = false>
@@ -845,6 +846,8 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
             s_mma16816<T>(sacc[t], a.x, a.y, a.z, a.w, b0, b1);
         }
     }
+    if constexpr (VL) /* K is used up: V's round trip overlaps the softmax */
+        load_v();
     /* softmax of query g over the warp's 32 keys: the lane holds keys 8 t + 2 tig + c, the
        other three of its group the rest */
     float pr[4][2], mx = -INFINITY, l = 0.0f;
@@ -867,8 +870,6 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
         }
     l += __shfl_xor_sync(full, l, 1);
     l += __shfl_xor_sync(full, l, 2);
-    if constexpr (VL)
-        load_v();
     /* B of p.v, k-step s: rows 2 tig + c from n-tile 2 s, rows 8 + 2 tig + c from 2 s + 1 */
     unsigned ph[2][2], pl[2][2];
 #pragma unroll

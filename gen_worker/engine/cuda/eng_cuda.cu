@@ -525,7 +525,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
         st->attn_mma = !(am && strcmp(am, "0") == 0);
-        /* ANVIL_CUDA_ATTN_VLATE=1: the tensor-core decode loads V after the softmax (fewer
+        /* ANVIL_CUDA_ATTN_VLATE=1: the tensor-core decode loads V after q.k (fewer
            registers, more blocks an SM; attention.cu; A/B) */
         const char *av = getenv("ANVIL_CUDA_ATTN_VLATE");
         st->attn_vlate = av && strcmp(av, "1") == 0;
@@ -595,7 +595,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
                                 : "a block a group",
              st->pf_max >> 20,
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
-             st->attn_mma && st->attn_vlate ? ", V after the softmax" : "",
+             st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_fuse ? ", fused combine" : "",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"

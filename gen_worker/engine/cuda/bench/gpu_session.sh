@@ -55,8 +55,8 @@
 #   graphs_pf    test_cuda_graphs with ANVIL_CUDA_PREFETCH_MB=16
 #   bench_pf     batch 1, bf16 KV, graphs: ANVIL_CUDA_PREFETCH_MB 0, 8, 16 and 32 with the
 #                register GEMV, then 16 with the ring: the successor prefetch's A/B
-#   ops_vlate    test_cuda_ops with ANVIL_CUDA_ATTN_VLATE=1 (the tensor-core decode loads V after
-#                the softmax: fewer registers, more blocks an SM)
+#   ops_vlate    test_cuda_ops with ANVIL_CUDA_ATTN_VLATE=1 (the tensor-core decode loads V
+#                after q.k instead of with K: fewer registers, more blocks an SM)
 #   bench_vlate  bench_ring's register-GEMV runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=1:
 #                the A/B against bench_ring's
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
@@ -389,7 +389,7 @@ fi
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fuse.log" 2>/dev/null
     echo "== the sampler without its candidate list (ANVIL_CUDA_SAMPLE_LIST=0), bf16 KV"
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_list.log" 2>/dev/null
-    echo "== the tensor-core decode with V loaded after the softmax (ANVIL_CUDA_ATTN_VLATE=1)"
+    echo "== the tensor-core decode with V loaded after q.k (ANVIL_CUDA_ATTN_VLATE=1)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_vlate.log" 2>/dev/null
     echo "== the successor prefetch (ANVIL_CUDA_PREFETCH_MB), batch 1"
     grep -E "^(==|device|decode)" "$OUT/bench_pf.log" 2>/dev/null
