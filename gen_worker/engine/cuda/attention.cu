@@ -499,6 +499,21 @@ static __device__ __forceinline__ void s_decode_combine(float *out, const float 
         s_combine_head(out, part_o, part_ml, base, ns, tok, kvh * G + g, n_head, hd, wt, red);
 }
 
+/* The decode block's tile and KV head. Grid (n_dec_tiles, n_kv_head): a KV head's tiles run
+   one after another, so each 2 KB (bf16) or 1 KB (fp8) cache row of a position is read in
+   n_kv_head pieces of 256 / 128 bytes far apart in time. With the KV heads inner
+   (ANVIL_CUDA_ATTN_KV_INNER=1, st->attn_kv_inner; the A/B) the grid is (n_kv_head *
+   n_dec_tiles): blocks next to each other, running at the same time, read the pieces of the
+   same rows (DRAM pages opened once) and the same tile and block-table entries. The work of
+   a block, and so its result, is the same either way. */
+static __device__ __forceinline__ void s_dec_block(int n_kv_head, int *tile, int *kvh)
+{
+    if (gridDim.y == 1)
+        *tile = (int)(blockIdx.x / (unsigned)n_kv_head), *kvh = (int)(blockIdx.x % n_kv_head);
+    else
+        *tile = (int)blockIdx.x, *kvh = (int)blockIdx.y;
+}
+
 template <int HD, int G, typename T>
 static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     s_attn_decode_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
@@ -523,10 +538,12 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
        it is read before the PDL wait: the chain tile -> context -> table -> cache row overlaps
        the kernel before, and after the wait only the cache and q remain (at batch 1 a block's
        time is its chain of dependent round trips, not bandwidth). */
-    const int4 tl = tiles[blockIdx.x];
+    int ti, kvh;
+    s_dec_block(n_kv_head, &ti, &kvh);
+    const int4 tl = tiles[ti];
     if (tl.z == 0)
         return; /* an empty tile of a graph step's fixed layout (block-uniform) */
-    const int kvh = blockIdx.y, seq = tl.x, tok = tl.y, split = tl.w;
+    const int seq = tl.x, tok = tl.y, split = tl.w;
     const int key_begin = split * ECU_ATTN_SPLIT;
     const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[seq]);
     const int *table = block_tables + (size_t)seq * max_blocks;
@@ -778,10 +795,12 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
     ecu_pdl_trigger();
-    const int4 tl = tiles[blockIdx.x]; /* read before the PDL wait, see the FMA kernel */
+    int ti, kvh;
+    s_dec_block(n_kv_head, &ti, &kvh);
+    const int4 tl = tiles[ti]; /* read before the PDL wait, see the FMA kernel */
     if (tl.z == 0)
         return;
-    const int kvh = blockIdx.y, seq = tl.x, tok = tl.y, split = tl.w;
+    const int seq = tl.x, tok = tl.y, split = tl.w;
     const int key_begin = split * ECU_ATTN_SPLIT;
     const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[seq]);
     const int *table = block_tables + (size_t)seq * max_blocks;
@@ -989,7 +1008,8 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
                                 const void *kc, const void *vc, int n_head, int n_kv_head,
                                 int block_size)
 {
-    dim3 grid(p->n_dec_tiles, n_kv_head);
+    const dim3 grid = st->attn_kv_inner ? dim3((unsigned)(p->n_dec_tiles * n_kv_head))
+                                        : dim3(p->n_dec_tiles, n_kv_head);
     auto kernel = s_attn_decode_kernel<HD, G, T>; /* the two decode kernels share a signature */
     if constexpr ((G == 4 || G == 8) && sizeof(T) <= 2)
         if (st->attn_mma)

@@ -529,6 +529,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            registers, more blocks an SM; attention.cu; A/B) */
         const char *av = getenv("ANVIL_CUDA_ATTN_VLATE");
         st->attn_vlate = av && strcmp(av, "1") == 0;
+        /* ANVIL_CUDA_ATTN_KV_INNER=1: the decode kernels' blocks run the KV heads of a tile
+           next to each other (a position's cache row read at once; attention.cu; A/B) */
+        const char *ak = getenv("ANVIL_CUDA_ATTN_KV_INNER");
+        st->attn_kv_inner = ak && strcmp(ak, "1") == 0;
         /* ANVIL_CUDA_ATTN_FUSE=1: the last decode block of a token merges its partials (no
            combine kernel for decode; attention.cu; A/B) */
         const char *af = getenv("ANVIL_CUDA_ATTN_FUSE");
@@ -586,7 +590,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->linear = ecu_linear;
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, prefetch %zu "
-             "MB, decode attention %s%s%s, sampler %s%s",
+             "MB, decode attention %s%s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
              st->gemv_ring      ? "persistent, cp.async ring"
@@ -597,6 +601,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_fuse ? ", fused combine" : "",
+             st->attn_kv_inner ? ", KV heads inner" : "",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
                                       : "8 blocks a row",

@@ -140,6 +140,7 @@ typedef struct {
     const void *pf_last;        /* the last product's weight */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after the softmax (attention.cu; A/B) */
+    int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;

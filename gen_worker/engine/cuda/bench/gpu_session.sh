@@ -59,6 +59,11 @@
 #                after q.k instead of with K: fewer registers, more blocks an SM)
 #   bench_vlate  bench_ring's register-GEMV runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=1:
 #                the A/B against bench_ring's
+#   ops_kvi      test_cuda_ops with ANVIL_CUDA_ATTN_KV_INNER=1 (the decode grid runs a tile's
+#                KV heads next to each other)
+#   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
+#   bench_kvi    bench_ring's register-GEMV runs (bf16 then fp8 KV) with
+#                ANVIL_CUDA_ATTN_KV_INNER=1: the A/B against bench_ring's
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -259,11 +264,18 @@ step graphs_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_GRAPHS"
 step bench_fuse 120 env ANVIL_CUDA_ATTN_FUSE=1 "$BENCH" "${RING_ARGS[@]}"
 step bench_list 120 env ANVIL_CUDA_SAMPLE_LIST=0 "$BENCH" "${RING_ARGS[@]}"
 step ops_vlate 90 env ANVIL_CUDA_ATTN_VLATE=1 "$T_OPS"
-step bench_vlate 150 env RING_KVS="$RING_KVS" bash -c 'b=$0
+# bench_ring's register-GEMV runs for each KV dtype with one switch set ($1, NAME=VALUE)
+KV_AB='b=$0; sw=$1; shift
         for kv in $RING_KVS; do
-            echo "== kv $kv ANVIL_CUDA_ATTN_VLATE=1"
-            ANVIL_CUDA_ATTN_VLATE=1 "$b" --kv-dtype $kv "$@" || exit 1
-        done' "$BENCH" "${RING_ARGS[@]}"
+            echo "== kv $kv $sw"
+            env "$sw" "$b" --kv-dtype $kv "$@" || exit 1
+        done'
+step bench_vlate 150 env RING_KVS="$RING_KVS" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_VLATE=1 \
+    "${RING_ARGS[@]}"
+step ops_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_OPS"
+step model_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_MODEL"
+step bench_kvi 150 env RING_KVS="$RING_KVS" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_KV_INNER=1 \
+    "${RING_ARGS[@]}"
 step model_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_MODEL"
 step graphs_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_GRAPHS"
 step bench_pf 200 bash -c 'b=$0
@@ -391,6 +403,8 @@ fi
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_list.log" 2>/dev/null
     echo "== the tensor-core decode with V loaded after q.k (ANVIL_CUDA_ATTN_VLATE=1)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_vlate.log" 2>/dev/null
+    echo "== the decode grid with a tile's KV heads next to each other (ANVIL_CUDA_ATTN_KV_INNER=1)"
+    grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_kvi.log" 2>/dev/null
     echo "== the successor prefetch (ANVIL_CUDA_PREFETCH_MB), batch 1"
     grep -E "^(==|device|decode)" "$OUT/bench_pf.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
