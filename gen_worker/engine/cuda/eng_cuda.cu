@@ -533,6 +533,11 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            next to each other (a position's cache row read at once; attention.cu; A/B) */
         const char *ak = getenv("ANVIL_CUDA_ATTN_KV_INNER");
         st->attn_kv_inner = ak && strcmp(ak, "1") == 0;
+        /* ANVIL_CUDA_ATTN_PERSIST=1: the tensor-core decode on a persistent grid, each block
+           fetching its next item's rows while it finishes the current one (attention.cu;
+           A/B; takes precedence over VLATE) */
+        const char *ap = getenv("ANVIL_CUDA_ATTN_PERSIST");
+        st->attn_persist = ap && strcmp(ap, "1") == 0;
         /* ANVIL_CUDA_ATTN_FUSE=1: the last decode block of a token merges its partials (no
            combine kernel for decode; attention.cu; A/B) */
         const char *af = getenv("ANVIL_CUDA_ATTN_FUSE");
@@ -599,7 +604,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
                                 : "a block a group",
              st->pf_max >> 20,
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
-             st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
+             st->attn_mma && st->attn_persist ? ", persistent"
+             : st->attn_mma && st->attn_vlate ? ", V after q.k"
+                                              : "",
              st->attn_fuse ? ", fused combine" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"

@@ -141,6 +141,7 @@ typedef struct {
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after the softmax (attention.cu; A/B) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
+    int attn_persist;           /* persistent, pipelined mma decode (attention.cu; A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;

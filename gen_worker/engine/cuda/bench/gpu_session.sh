@@ -64,6 +64,12 @@
 #   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
 #   bench_kvi    bench_ring's register-GEMV runs (bf16 then fp8 KV) with
 #                ANVIL_CUDA_ATTN_KV_INNER=1: the A/B against bench_ring's
+#   ops_persist  test_cuda_ops with ANVIL_CUDA_ATTN_PERSIST=1 (the tensor-core decode on a
+#                persistent grid, fetching a block's next item while it finishes the current)
+#   ops_pfuse    the same with ANVIL_CUDA_ATTN_FUSE=1 as well
+#   model_persist, graphs_persist: test_cuda_model / test_cuda_graphs with it
+#   bench_persist bench_ring's register-GEMV runs (bf16 then fp8 KV) with
+#                ANVIL_CUDA_ATTN_PERSIST=1: the A/B against bench_ring's
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -276,6 +282,12 @@ step ops_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_OPS"
 step model_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_MODEL"
 step bench_kvi 150 env RING_KVS="$RING_KVS" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_KV_INNER=1 \
     "${RING_ARGS[@]}"
+step ops_persist 90 env ANVIL_CUDA_ATTN_PERSIST=1 "$T_OPS"
+step ops_pfuse 90 env ANVIL_CUDA_ATTN_PERSIST=1 ANVIL_CUDA_ATTN_FUSE=1 "$T_OPS"
+step model_persist 90 env ANVIL_CUDA_ATTN_PERSIST=1 "$T_MODEL"
+step graphs_persist 90 env ANVIL_CUDA_ATTN_PERSIST=1 "$T_GRAPHS"
+step bench_persist 150 env RING_KVS="$RING_KVS" bash -c "$KV_AB" "$BENCH" \
+    ANVIL_CUDA_ATTN_PERSIST=1 "${RING_ARGS[@]}"
 step model_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_MODEL"
 step graphs_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_GRAPHS"
 step bench_pf 200 bash -c 'b=$0
@@ -405,6 +417,8 @@ fi
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_vlate.log" 2>/dev/null
     echo "== the decode grid with a tile's KV heads next to each other (ANVIL_CUDA_ATTN_KV_INNER=1)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_kvi.log" 2>/dev/null
+    echo "== the persistent tensor-core decode (ANVIL_CUDA_ATTN_PERSIST=1)"
+    grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_persist.log" 2>/dev/null
     echo "== the successor prefetch (ANVIL_CUDA_PREFETCH_MB), batch 1"
     grep -E "^(==|device|decode)" "$OUT/bench_pf.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
