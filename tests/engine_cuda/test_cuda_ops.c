@@ -7,7 +7,10 @@
     keeps fp32, the CUDA default bf16, so cache contents are compared after rounding and the
     attention tests put identical (bf16-representable) values in both. The fused linear op
     (norm folded in; plain, residual-add, SwiGLU and rope + KV store epilogues) is held to the
-    CPU's composition of the separate ops. Sampling is checked
+    CPU's composition of the separate ops. 64 decodes at once (more decode items than the GPU
+    holds blocks) run on the one-shot decode grid, with the KV heads inner and on the
+    persistent grid, each against the CPU and the last two bit for bit against the first.
+    Sampling is checked
     for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance and
     the empirical distribution over many seeds, for the default sampler (blocks a row by
     batch), each fixed one (one block a row, a cluster of 8 blocks a row:
@@ -217,6 +220,29 @@ static void test_rope_kv(int hd)
     free(ck8), free(cv8);
 }
 
+/* A random K / V pool of n elements in dtype dt (hk, hv) and the same values widened to fp32
+   for the CPU (ck, cv): values representable in dt, so both backends attend over the same
+   numbers. */
+static void s_kv_fill(eng_dtype_t dt, size_t n, void **hk, void **hv, float **ck, float **cv)
+{
+    size_t es = eng_dtype_size(dt);
+    *ck = malloc(n * 4), *cv = malloc(n * 4), *hk = malloc(n * es), *hv = malloc(n * es);
+    for (size_t i = 0; i < n; i++) {
+        float a = ecu_t_randf(2.0f), b = ecu_t_randf(1.0f);
+        if (dt == ENG_DTYPE_BF16) {
+            ((uint16_t *)*hk)[i] = ecu_t_bf16(a), ((uint16_t *)*hv)[i] = ecu_t_bf16(b);
+            a = ecu_t_bf16_f(ecu_t_bf16(a)), b = ecu_t_bf16_f(ecu_t_bf16(b));
+        } else if (dt == ENG_DTYPE_F8E4M3) {
+            ((uint8_t *)*hk)[i] = eng_f32_to_f8e4m3(a), ((uint8_t *)*hv)[i] = eng_f32_to_f8e4m3(b);
+            a = eng_f8e4m3_to_f32(((uint8_t *)*hk)[i]);
+            b = eng_f8e4m3_to_f32(((uint8_t *)*hv)[i]);
+        } else {
+            ((float *)*hk)[i] = a, ((float *)*hv)[i] = b;
+        }
+        (*ck)[i] = a, (*cv)[i] = b;
+    }
+}
+
 /* Mixed batch: a fresh prefill chunk, a long decode (several splits), a continued prefill
    chunk, a decode of context 1; shuffled block tables. */
 static const char *s_attn_tag = ""; /* names the decode kernel under test */
@@ -240,21 +266,9 @@ static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
     }
     memcpy(tables, perm, (size_t)NS * mb * 4);
     size_t pool = (size_t)nb * bs * nkv * hd, es = eng_dtype_size(be->kv_dtype);
-    float *ck = malloc(pool * 4), *cv = malloc(pool * 4);
-    void *hk = malloc(pool * es), *hv = malloc(pool * es);
-    for (size_t i = 0; i < pool; i++) {
-        float a = ecu_t_randf(2.0f), b = ecu_t_randf(1.0f);
-        if (be->kv_dtype == ENG_DTYPE_BF16) {
-            ((uint16_t *)hk)[i] = ecu_t_bf16(a), ((uint16_t *)hv)[i] = ecu_t_bf16(b);
-            a = ecu_t_bf16_f(ecu_t_bf16(a)), b = ecu_t_bf16_f(ecu_t_bf16(b));
-        } else if (be->kv_dtype == ENG_DTYPE_F8E4M3) {
-            ((uint8_t *)hk)[i] = eng_f32_to_f8e4m3(a), ((uint8_t *)hv)[i] = eng_f32_to_f8e4m3(b);
-            a = eng_f8e4m3_to_f32(((uint8_t *)hk)[i]), b = eng_f8e4m3_to_f32(((uint8_t *)hv)[i]);
-        } else {
-            ((float *)hk)[i] = a, ((float *)hv)[i] = b;
-        }
-        ck[i] = a, cv[i] = b;
-    }
+    float *ck, *cv;
+    void *hk, *hv;
+    s_kv_fill(be->kv_dtype, pool, &hk, &hv, &ck, &cv);
     size_t qn = (size_t)n_tok * nh * hd;
     float *q = s_rand(qn, 1.0f), *ref = malloc(qn * 4), *got = malloc(qn * 4);
     void *gk = ecu_t_put(be, hk, pool * es), *gv = ecu_t_put(be, hv, pool * es);
@@ -291,6 +305,94 @@ static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
     be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go), be->free(be, go1);
     free(tables), free(perm), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
     free(got), free(got2), free(alone);
+}
+
+/* Sets environment variable name to v (NULL: unset) and returns its old value (malloc'd, or
+   NULL when it was unset), for a backend built with a switch on or off. */
+static char *s_env_swap(const char *name, const char *v)
+{
+    const char *old = getenv(name);
+    char *was = old ? strdup(old) : NULL;
+    if (v)
+        setenv(name, v, 1);
+    else
+        unsetenv(name);
+    return was;
+}
+
+/* Many decodes at once, on the Seed-Coder shape (32 / 8 heads, head_dim 128), in KV dtype
+   kv: 64 sequences with contexts spread over 1..700 (split edges included), about 1400
+   (tile, KV head) items, more than a GPU holds blocks at once, so the persistent decode
+   (ANVIL_CUDA_ATTN_PERSIST=1) walks several items a block and fetches the next while it
+   finishes one. The one-shot grid, the grid with the KV heads inner
+   (ANVIL_CUDA_ATTN_KV_INNER=1) and the persistent one are each held to the CPU, and the
+   last two to the first bit for bit (the same arithmetic an item). */
+static void test_attention_decodes(eng_dtype_t kv)
+{
+    enum { NS = 64, NB = 3 };
+    const int hd = 128, nh = 32, nkv = 8, bs = 16, mb = 44, nb = NS * mb;
+    static const char *const label[NB] = {"one-shot grid", "KV heads inner", "persistent"};
+    static const char *const sw[NB][2] = {{"0", "0"}, {"1", "0"}, {"0", "1"}};
+    char *was_kvi = s_env_swap("ANVIL_CUDA_ATTN_KV_INNER", NULL);
+    char *was_ps = s_env_swap("ANVIL_CUDA_ATTN_PERSIST", NULL);
+    eng_backend_t *be[NB];
+    for (int i = 0; i < NB; i++) {
+        setenv("ANVIL_CUDA_ATTN_KV_INNER", sw[i][0], 1);
+        setenv("ANVIL_CUDA_ATTN_PERSIST", sw[i][1], 1);
+        be[i] = eng_cuda_backend_new_kv(kv);
+    }
+    free(s_env_swap("ANVIL_CUDA_ATTN_KV_INNER", was_kvi));
+    free(s_env_swap("ANVIL_CUDA_ATTN_PERSIST", was_ps));
+    free(was_kvi), free(was_ps);
+    ecu_t_check(be[0] && be[1] && be[2], "backends with each decode grid");
+    int32_t q_start[NS + 1], ctx[NS];
+    for (int s = 0; s < NS; s++) {
+        q_start[s] = s;
+        ctx[s] = 1 + (s * 347) % 700; /* 1 .. 700 */
+    }
+    q_start[NS] = NS;
+    ctx[1] = 128, ctx[2] = 129, ctx[3] = 700, ctx[4] = 256; /* split edges */
+    int32_t *tables = malloc((size_t)nb * 4);
+    for (int i = 0; i < nb; i++)
+        tables[i] = i;
+    for (int i = nb - 1; i > 0; i--) {
+        int j = (int)(ecu_t_uniform() * (i + 1)), t = tables[i];
+        tables[i] = tables[j], tables[j] = t;
+    }
+    size_t pool = (size_t)nb * bs * nkv * hd, es = eng_dtype_size(kv), qn = (size_t)NS * nh * hd;
+    float *ck, *cv;
+    void *hk, *hv;
+    s_kv_fill(kv, pool, &hk, &hv, &ck, &cv);
+    float *q = s_rand(qn, 1.0f), *ref = malloc(qn * 4), *got[NB];
+    eng_attn_batch_t b = {NS, q_start, ctx, tables, mb};
+    cpu->attention(cpu, ref, q, ck, cv, &b, nh, nkv, hd, bs);
+    for (int i = 0; i < NB; i++) {
+        got[i] = calloc(qn, 4);
+        if (!be[i])
+            continue;
+        void *gk = ecu_t_put(be[i], hk, pool * es), *gv = ecu_t_put(be[i], hv, pool * es);
+        float *gq = ecu_t_put(be[i], q, qn * 4), *go = be[i]->alloc(be[i], qn * 4);
+        int rc = be[i]->attention(be[i], go, gq, gk, gv, &b, nh, nkv, hd, bs);
+        ecu_t_check(rc == 0, "attention over 64 decodes returns 0");
+        ecu_t_get(be[i], got[i], go, qn * 4);
+        char name[128];
+        snprintf(name, sizeof(name), "attention, 64 decodes, %s, kv=%s", label[i],
+                 eng_dtype_name(kv));
+        ecu_t_close(name, got[i], ref, qn, 2e-5);
+        if (i > 0) {
+            snprintf(name, sizeof(name), "attention, 64 decodes, %s = one-shot, kv=%s",
+                     label[i], eng_dtype_name(kv));
+            ecu_t_check(memcmp(got[i], got[0], qn * 4) == 0, name);
+        }
+        be[i]->free(be[i], gk), be[i]->free(be[i], gv), be[i]->free(be[i], gq);
+        be[i]->free(be[i], go);
+    }
+    for (int i = 0; i < NB; i++) {
+        if (be[i])
+            be[i]->destroy(&be[i]);
+        free(got[i]);
+    }
+    free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
 }
 
 /* linear (the fused matmul) on backend be against the CPU's composition: epilogue epi, the
@@ -676,6 +778,8 @@ int main(void)
     test_attention(gpu32, 64, 28, 4);
     test_attention(gpu8, 128, 32, 8);
     test_attention(gpu8, 64, 28, 4);
+    test_attention_decodes(ENG_DTYPE_BF16);
+    test_attention_decodes(ENG_DTYPE_F8E4M3);
     /* the FMA decode kernel (ANVIL_CUDA_ATTN_MMA=0; the backends above run the tensor-core one
        where it applies): bf16 and fp8 KV, 4 and 8 query heads a KV head, head_dim 128 and 64,
        and 7 a KV head (the FMA kernel either way) */
