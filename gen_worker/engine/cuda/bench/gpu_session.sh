@@ -70,6 +70,10 @@
 #   model_persist, graphs_persist: test_cuda_model / test_cuda_graphs with it
 #   bench_persist bench_ring's register-GEMV runs (bf16 then fp8 KV) with
 #                ANVIL_CUDA_ATTN_PERSIST=1: the A/B against bench_ring's
+#   bench_ab     every unmeasured switch (ring, fold, prefetch, fuse, sample list, KV heads
+#                inner, persistent decode, VLATE, and the batch-1 combination) against the
+#                default, in short runs: batch 1, batch 256, batch 256 x 2k bf16 and fp8 (the
+#                default first and last in each group); ~6 minutes
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -297,6 +301,63 @@ step bench_pf 200 bash -c 'b=$0
         done
         echo "== ANVIL_CUDA_PREFETCH_MB=16 ANVIL_CUDA_GEMV_RING=1"
         ANVIL_CUDA_PREFETCH_MB=16 ANVIL_CUDA_GEMV_RING=1 "$b" "$@"' "$BENCH" "${RING_B1[@]}"
+# bench_ab: every unmeasured switch against the default in one step, in short runs (batch 1
+# 128 new tokens; batch 256 64 new; batch 256 x 2k via decode_ctx, no prefill, 128 new), the
+# default first and last in each group to show the drift between runs
+if [ $DRY = 1 ]; then
+    AB_B1="--backend cpu --shape tiny --threads 4 --batches 1 --prompt 16 --new 8 --ctx-batch 0"
+    AB_B256="--backend cpu --shape tiny --threads 4 --batches 4 --prompt 16 --new 8 --ctx-batch 0"
+    AB_CTX="--backend cpu --shape tiny --threads 4 --batches none --ctx-batch 4 --ctx-len 64"
+    AB_CTX="$AB_CTX --ctx-new 8 --kv-dtype f32"
+    AB_KVS="f32 f32"
+else
+    AB_B1="--cuda-graphs --batches 1 --prompt 512 --new 128 --ctx-batch 0"
+    AB_B256="--cuda-graphs --batches 256 --prompt 512 --new 64 --ctx-batch 0"
+    AB_CTX="--cuda-graphs --batches none --ctx-batch 256 --ctx-len 2048 --ctx-new 128"
+    AB_KVS="bf16 fp8"
+fi
+AB_RUNS="b1 -
+b1 ANVIL_CUDA_GEMV_RING=1
+b1 ANVIL_CUDA_GEMV_FOLD=1
+b1 ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_FOLD=1
+b1 ANVIL_CUDA_PREFETCH_MB=16
+b1 ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_FOLD=1 ANVIL_CUDA_PREFETCH_MB=16
+b1 ANVIL_CUDA_ATTN_FUSE=1
+b1 -
+b256 -
+b256 ANVIL_CUDA_SAMPLE_LIST=0
+b256 ANVIL_CUDA_ATTN_FUSE=1
+b256 ANVIL_CUDA_ATTN_PERSIST=1
+b256 -
+ctx16 -
+ctx16 ANVIL_CUDA_ATTN_FUSE=1
+ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
+ctx16 ANVIL_CUDA_ATTN_PERSIST=1
+ctx16 ANVIL_CUDA_ATTN_PERSIST=1 ANVIL_CUDA_ATTN_FUSE=1
+ctx16 ANVIL_CUDA_ATTN_VLATE=1
+ctx16 -
+ctx8 -
+ctx8 ANVIL_CUDA_ATTN_KV_INNER=1
+ctx8 ANVIL_CUDA_ATTN_PERSIST=1
+ctx8 ANVIL_CUDA_ATTN_PERSIST=1 ANVIL_CUDA_ATTN_FUSE=1
+ctx8 ANVIL_CUDA_ATTN_VLATE=1
+ctx8 -"
+step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B256="$AB_B256" AB_CTX="$AB_CTX" \
+    AB_KVS="$AB_KVS" bash -c 'b=$0; read -r kv16 kv8 <<< "$AB_KVS"; fails=0
+        while read -r set sw; do
+            case $set in
+                b1) a="$AB_B1" ;;
+                b256) a="$AB_B256" ;;
+                ctx16) a="$AB_CTX --kv-dtype $kv16" ;;
+                ctx8) a="$AB_CTX --kv-dtype $kv8" ;;
+                *) continue ;;
+            esac
+            [ "$sw" = - ] && sw=
+            echo "== $set ${sw:-default}"
+            # shellcheck disable=SC2086  # both lists are words without spaces
+            env $sw "$b" $a --grpo-prompts 0 || { echo "== failed: rc $?"; fails=$((fails + 1)); }
+        done <<< "$AB_RUNS"
+        exit $fails' "$BENCH"
 step bench 200 "$BENCH" "${BENCH_ARGS[@]}"
 if [ $DRY = 1 ]; then
     step bench_nopdl 60 env ANVIL_CUDA_PDL=0 "$BENCH" "${BENCH_ARGS[@]}"
@@ -417,6 +478,8 @@ fi
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_vlate.log" 2>/dev/null
     echo "== the decode grid with a tile's KV heads next to each other (ANVIL_CUDA_ATTN_KV_INNER=1)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_kvi.log" 2>/dev/null
+    echo "== every switch against the default (bench_ab)"
+    grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ab.log" 2>/dev/null
     echo "== the persistent tensor-core decode (ANVIL_CUDA_ATTN_PERSIST=1)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_persist.log" 2>/dev/null
     echo "== the successor prefetch (ANVIL_CUDA_PREFETCH_MB), batch 1"
