@@ -258,6 +258,10 @@ void ecu_buf_release_host(ecu_buf_t *buf);
 /* Device copy of a host index array of n int32: the prepared copy when `host` is the
    pointer given to prepare() for that role, else an async upload into the role's scratch. */
 int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t **dev);
+/* The rope angles {cos, sin} of positions pos (host; the prepared step's are built once a
+   step and reused), (n, head_dim / 2) in st->rope_tab (rope.cu) */
+int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, float theta,
+                   const float2 **tab);
 
 /* prepare() of the op table (eng_cuda.cu). */
 int ecu_prepare(eng_backend_t *be, const eng_step_t *step);
@@ -354,8 +358,9 @@ template <> __device__ __forceinline__ __nv_fp8_e4m3 ecu_from_f32<__nv_fp8_e4m3>
 /* The rotary angle of pair i at position pos, as the CPU computes it: inv_freq =
    1 / powf(theta, 2i / d) with the power taken in double and rounded (the device powf may
    differ from the CPU's correctly rounded one by an ulp, which positions in the thousands turn
-   into 1e-4 of angle), f = pos * inv_freq in fp32, then full-precision cosf / sinf. Used by
-   rope.cu and by the QKV GEMV's rope epilogue (matmul.cu). */
+   into 1e-4 of angle), f = pos * inv_freq in fp32, then full-precision cosf / sinf. Computed
+   once a step into a table (ecu_rope_table, rope.cu) that the rope kernels and the QKV GEMV's
+   rope epilogue read. */
 __device__ __forceinline__ void ecu_rope_angle(int pos, int i, int head_dim, float theta,
                                                float *c, float *s)
 {

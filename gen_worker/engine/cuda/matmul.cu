@@ -19,7 +19,7 @@
     rsqrt(mean + eps): no norm kernel and no normalised copy), and an epilogue adds the result
     into the residual stream, or pairs rows inside a block (gate j with up j for SwiGLU; dims
     i and i + head_dim/2 of a head for RoPE, then q written out and k, v stored in the paged
-    caches; their angles come from a table computed once a step, s_rope_angles). Larger
+    caches; their angles come from a table computed once a step, ecu_rope_table in rope.cu). Larger
     batches compose the same ops from the other kernels (the norm writes the product's rounded
     input itself, the residual add is cuBLASLt's beta). ANVIL_CUDA_GEMV_RING=1 swaps the
     GEMV's register pipeline for s_gemv_ring_kernel (the same groups, sums and epilogues; the
@@ -87,7 +87,7 @@ typedef struct {
     int n, in_dim, out_dim, segs, epi, n_blocks; /* n_blocks: row groups (s_gemv_blocks) */
     void *k_cache, *v_cache; /* ROPE_KV: (n_blocks, block_size, n_kv_head, head_dim) kv_dtype */
     const int32_t *slots;    /* ROPE_KV: (n) device */
-    const float2 *angles;    /* ROPE_KV: (n, head_dim / 2) {cos, sin} (s_rope_angles) */
+    const float2 *angles;    /* ROPE_KV: (n, head_dim / 2) {cos, sin} (ecu_rope_table) */
     int n_head, n_kv_head, head_dim, kv_dtype;
     /* the successor prefetch: the first pf_bytes of the next product's weights, in slices,
        one a block for blocks pf_first .. pf_first + pf_blocks - 1 (the last resident wave),
@@ -213,26 +213,6 @@ static __device__ __forceinline__ void s_rope_prep(const s_gemv_args_t &a, int b
         const float2 cs = a.angles[(size_t)r * (hd / 2) + o0 % hd];
         *rc = cs.x, *rs = cs.y;
     }
-}
-
-/* The rope angles of a step's rows, (n, head_dim / 2) {cos, sin}, for the QKV GEMV's
-   epilogue: computed once a step (ecu_rope_angle: a double pow and full-precision sincos,
-   whose slow path held registers and a stack frame in every QKV GEMV, 113 registers at batch
-   1 against 80 without the epilogue) instead of by every row group of every layer. The
-   angles are computed before the PDL wait and stored after it (the kernel before may still
-   read the table of an earlier call). */
-static __global__ void s_rope_angles_kernel(float2 *tab /* (n, head_dim / 2) */,
-                                            const int32_t *pos /* (n) device */, int n,
-                                            int head_dim, float theta)
-{
-    const int hh = head_dim / 2, t = blockIdx.x * blockDim.x + threadIdx.x;
-    float c = 0.0f, s = 0.0f;
-    if (t < n * hh)
-        ecu_rope_angle(pos[t / hh], t % hh, head_dim, theta, &c, &s);
-    ecu_pdl_trigger();
-    ecu_pdl_wait();
-    if (t < n * hh)
-        tab[t] = make_float2(c, s);
 }
 
 /* Norm modes of the GEMV: none; folded into W as it is read (any batch); x * g staged in
@@ -1031,29 +1011,6 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
                              f->n_kv_head, f->head_dim, f->theta);
 }
 
-/* The rope angle table of f->pos for the GEMV: the prepared step's is built by the first QKV
-   GEMV of the step and reused by the other layers (and captured with them in a decode graph);
-   other positions get theirs each call. */
-static int s_rope_angles(ecu_state_t *st, const eng_linear_t *f, int n, const float2 **tab)
-{
-    const int32_t *d_pos;
-    ECU_TRY(ecu_idx(st, ECU_IDX_POS, f->pos, n, &d_pos));
-    const bool prepared = d_pos == st->d_pos && st->step_valid;
-    *tab = (const float2 *)st->rope_tab.ptr;
-    if (prepared && st->rope_tab_ok && st->rope_tab_n == n && st->rope_tab_hd == f->head_dim &&
-        st->rope_tab_theta == f->theta)
-        return 0;
-    const int hh = f->head_dim / 2;
-    ECU_TRY(ecu_buf_reserve(&st->rope_tab, (size_t)n * hh * sizeof(float2)));
-    *tab = (const float2 *)st->rope_tab.ptr;
-    ECU_CHECK(ecu_launch(st, s_rope_angles_kernel, dim3((unsigned)((n * hh + 255) / 256)),
-                         dim3(256), 0, (float2 *)st->rope_tab.ptr, d_pos, n, f->head_dim,
-                         f->theta));
-    st->rope_tab_ok = prepared;
-    st->rope_tab_n = n, st->rope_tab_hd = f->head_dim, st->rope_tab_theta = f->theta;
-    return 0;
-}
-
 extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const void *w,
                           const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
                           const eng_linear_t *f)
@@ -1083,7 +1040,7 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
         a.out = out, a.x = x, a.bias = bias, a.norm_w = f->norm_w, a.eps = f->eps, a.n = n;
         a.in_dim = in_dim, a.out_dim = out_dim, a.epi = f->epi;
         if (f->epi == ENG_LIN_ROPE_KV) {
-            ECU_TRY(s_rope_angles(st, f, n, &a.angles));
+            ECU_TRY(ecu_rope_table(st, f->pos, n, f->head_dim, f->theta, &a.angles));
             ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &a.slots));
             a.k_cache = f->k_cache, a.v_cache = f->v_cache, a.n_head = f->n_head;
             a.n_kv_head = f->n_kv_head, a.head_dim = f->head_dim, a.kv_dtype = be->kv_dtype;
