@@ -497,16 +497,20 @@ static void test_linears(void)
     }
 }
 
-static void test_elementwise(void)
+/* swiglu and the stacked swiglu_fused: ffn 1000 takes the 4-a-thread kernel, 1002 the
+   scalar one */
+static void test_swiglu(int ffn)
 {
-    int n = 5, ffn = 1000, dim = 300;
+    char name[64];
+    int n = 5;
     size_t t = (size_t)n * ffn;
     float *g = s_rand(t, 4.0f), *u = s_rand(t, 2.0f), *ref = malloc(t * 4), *got = malloc(t * 4);
     float *gg = ecu_t_put(gpu, g, t * 4), *gu = ecu_t_put(gpu, u, t * 4), *go = gpu->alloc(gpu, t * 4);
     cpu->swiglu(cpu, ref, g, u, n, ffn);
     gpu->swiglu(gpu, go, gg, gu, n, ffn);
     ecu_t_get(gpu, got, go, t * 4);
-    ecu_t_close("swiglu", got, ref, t, 1e-6);
+    snprintf(name, sizeof(name), "swiglu ffn=%d", ffn);
+    ecu_t_close(name, got, ref, t, 1e-6);
     float *st = malloc(2 * t * 4);
     for (int r = 0; r < n; r++) {
         memcpy(st + (size_t)r * 2 * ffn, g + (size_t)r * ffn, (size_t)ffn * 4);
@@ -515,7 +519,17 @@ static void test_elementwise(void)
     float *gst = ecu_t_put(gpu, st, 2 * t * 4);
     gpu->swiglu_fused(gpu, go, gst, n, ffn);
     ecu_t_get(gpu, got, go, t * 4);
-    ecu_t_close("swiglu_fused", got, ref, t, 1e-6);
+    snprintf(name, sizeof(name), "swiglu_fused ffn=%d", ffn);
+    ecu_t_close(name, got, ref, t, 1e-6);
+    gpu->free(gpu, gg), gpu->free(gpu, gu), gpu->free(gpu, go), gpu->free(gpu, gst);
+    free(g), free(u), free(ref), free(got), free(st);
+}
+
+static void test_elementwise(void)
+{
+    int n = 5, dim = 300;
+    test_swiglu(1000);
+    test_swiglu(1002);
 
     /* gather_rows, also in place */
     float *x = s_rand((size_t)n * dim, 1.0f), *gx = ecu_t_put(gpu, x, (size_t)n * dim * 4);
@@ -529,9 +543,8 @@ static void test_elementwise(void)
     gpu->gather_rows(gpu, gx, gx, rows, 3, dim);
     ecu_t_get(gpu, gt, gx, 3 * (size_t)dim * 4);
     ecu_t_close("gather_rows in place", gt, rr, 3 * (size_t)dim, 0.0);
-    gpu->free(gpu, gg), gpu->free(gpu, gu), gpu->free(gpu, go), gpu->free(gpu, gst);
     gpu->free(gpu, gx), gpu->free(gpu, gr);
-    free(g), free(u), free(ref), free(got), free(st), free(x), free(rr), free(gt);
+    free(x), free(rr), free(gt);
 }
 
 /* log_softmax and sampling on backend gb (label: its sampler) against the host */
