@@ -440,6 +440,7 @@ static void s_destroy(eng_backend_t **be_p)
                 cudaEventDestroy(st->stage_ev[i]);
         }
         ecu_buf_release(&st->lt_ws);
+        ecu_buf_release(&st->lt_tune_out);
         ecu_buf_release(&st->xconv);
         ecu_buf_release(&st->lin_x);
         ecu_buf_release(&st->lin_y);
@@ -529,6 +530,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            registers, more blocks an SM; attention.cu; A/B) */
         const char *av = getenv("ANVIL_CUDA_ATTN_VLATE");
         st->attn_vlate = av && strcmp(av, "1") == 0;
+        /* ANVIL_CUDA_LT_TUNE=1: the first cuBLASLt product of a decode shape times the
+           heuristic's candidates and keeps the fastest (matmul.cu; A/B) */
+        const char *lt = getenv("ANVIL_CUDA_LT_TUNE");
+        st->lt_tune = lt && strcmp(lt, "1") == 0;
         /* ANVIL_CUDA_ATTN_KV_INNER=1: the decode kernels' blocks run the KV heads of a tile
            next to each other (a position's cache row read at once; attention.cu; A/B) */
         const char *ak = getenv("ANVIL_CUDA_ATTN_KV_INNER");
@@ -595,14 +600,14 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->linear = ecu_linear;
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, prefetch %zu "
-             "MB, decode attention %s%s%s%s, sampler %s%s",
+             "MB%s, decode attention %s%s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
              st->gemv_ring      ? "persistent, cp.async ring"
              : st->gemv_fold    ? "a block a group, norm folded"
              : st->gemv_persist ? "persistent (staged norm)"
                                 : "a block a group",
-             st->pf_max >> 20,
+             st->pf_max >> 20, st->lt_tune ? ", cuBLASLt tuned per decode shape" : "",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_persist ? ", persistent"
              : st->attn_mma && st->attn_vlate ? ", V after q.k"

@@ -147,6 +147,8 @@ typedef struct {
     ecu_buf_t lt_ws;
     ecu_lt_algo_t lt_cache[ECU_LT_CACHE];
     int lt_next;
+    int lt_tune;                /* time cuBLASLt's candidates per decode shape (matmul.cu) */
+    ecu_buf_t lt_tune_out;      /* ... their scratch output */
 
     ecu_buf_t xconv;            /* activations rounded for cuBLASLt */
     ecu_buf_t lin_x, lin_y;     /* linear() composed op by op: normalised input, product */

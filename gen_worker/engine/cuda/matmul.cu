@@ -799,6 +799,70 @@ static int s_grid(ecu_state_t *st, size_t total)
     return (int)(blocks < cap ? blocks : cap);
 }
 
+/* ANVIL_CUDA_LT_TUNE=1 (st->lt_tune; the A/B): the first product of a shape with n <=
+   ECU_LT_TUNE_MAX_N rows (decode batches, whose shapes repeat every step) times the
+   heuristic's first `found` candidates (ECU_LT_TUNE_REPS runs each after a warm one, into a
+   scratch output) and keeps the fastest in *pick; cuBLASLt's first choice otherwise. It
+   waits for the GPU, so it is skipped while a graph is being captured (the eager step before
+   a capture makes the choice). At batch 256 x 2k (ncu, H200, an earlier session) the
+   products took 6.3 ms a step, ~62 % of bf16 peak, two of them split-K with a 0.28 ms reduce
+   kernel. */
+#define ECU_LT_TUNE_ALGOS 8
+#define ECU_LT_TUNE_MAX_N 512
+#define ECU_LT_TUNE_REPS 5
+
+static int s_lt_tune(ecu_state_t *st, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                     cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, const void *w,
+                     const void *xw, const cublasLtMatmulHeuristicResult_t *res, int found,
+                     const float *alpha, const float *beta, int n, int in_dim, int out_dim,
+                     int *pick)
+{
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st->stream, &cap) != cudaSuccess ||
+        cap != cudaStreamCaptureStatusNone)
+        return -1;
+    const size_t bytes = (size_t)n * out_dim * sizeof(float);
+    ECU_TRY(ecu_buf_reserve(&st->lt_tune_out, bytes));
+    ECU_CHECK(cudaMemsetAsync(st->lt_tune_out.ptr, 0, bytes, st->stream));
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = -1;
+    float best = 0.0f, first = 0.0f;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        goto out;
+    for (int a = 0; a < found; a++) {
+        float *d = (float *)st->lt_tune_out.ptr, ms = 0.0f;
+        bool ok = cublasLtMatmul(st->lt, op, alpha, w, la, xw, lb, beta, d, lc, d, lc,
+                                 &res[a].algo, st->lt_ws.ptr, st->lt_ws.bytes,
+                                 st->stream) == CUBLAS_STATUS_SUCCESS;
+        ok = ok && cudaEventRecord(e0, st->stream) == cudaSuccess;
+        for (int r = 0; ok && r < ECU_LT_TUNE_REPS; r++)
+            ok = cublasLtMatmul(st->lt, op, alpha, w, la, xw, lb, beta, d, lc, d, lc,
+                                &res[a].algo, st->lt_ws.ptr, st->lt_ws.bytes,
+                                st->stream) == CUBLAS_STATUS_SUCCESS;
+        ok = ok && cudaEventRecord(e1, st->stream) == cudaSuccess &&
+             cudaEventSynchronize(e1) == cudaSuccess &&
+             cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
+        if (!ok) { /* a candidate that cannot run is skipped; the stream is still usable */
+            cudaGetLastError();
+            continue;
+        }
+        ms /= ECU_LT_TUNE_REPS;
+        if (a == 0)
+            first = ms;
+        if (rc != 0 || ms < best)
+            best = ms, *pick = a, rc = 0;
+    }
+    if (rc == 0)
+        ANV_INFO("cublasLt tune %dx%dx%d: candidate %d of %d, %.1f us (the heuristic's first: "
+                 "%.1f us)", out_dim, n, in_dim, *pick, found, best * 1e3, first * 1e3);
+out:
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    return rc;
+}
+
 /* cuBLASLt, column-major view: D (out_dim x n) = W^T-as-stored (in x out)^T @ x^T (in x n),
    plus D itself when acc (beta 1: the residual add in the product's epilogue). */
 static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_dtype_t dtype,
@@ -833,22 +897,28 @@ static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_
         }
     }
     if (!hit) {
-        cublasLtMatmulHeuristicResult_t res;
+        cublasLtMatmulHeuristicResult_t res[ECU_LT_TUNE_ALGOS];
         int found = 0;
+        /* ANVIL_CUDA_LT_TUNE=1: the heuristic's first few candidates timed once */
+        const int want = st->lt_tune && n <= ECU_LT_TUNE_MAX_N ? ECU_LT_TUNE_ALGOS : 1;
         if (cublasLtMatmulPreferenceCreate(&pref) ||
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                  &ws, sizeof(ws)) ||
-            cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, 1, &res, &found) ||
+            cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, want, res, &found) ||
             found == 0) {
             ANV_ERROR("cublasLt: no algorithm for a %dx%dx%d %s product", out_dim, n, in_dim,
                       ecu_dtype_name(dtype));
             goto out;
         }
+        int pick = 0;
+        if (found > 1 && s_lt_tune(st, op, la, lb, lc, w, xw, res, found, &alpha, &beta, n,
+                                   in_dim, out_dim, &pick) != 0)
+            pick = 0;
         hit = &st->lt_cache[st->lt_next];
         st->lt_next = (st->lt_next + 1) % ECU_LT_CACHE;
         hit->m = out_dim, hit->n = n, hit->k = in_dim, hit->dtype = dtype, hit->acc = acc;
         hit->valid = 1;
-        hit->algo = res.algo;
+        hit->algo = res[pick].algo;
     }
     {
         cublasStatus_t s = cublasLtMatmul(st->lt, op, &alpha, w, la, xw, lb, &beta, out, lc, out,

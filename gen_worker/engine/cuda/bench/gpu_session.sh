@@ -64,6 +64,8 @@
 #   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
 #   bench_kvi    bench_ring's register-GEMV runs (bf16 then fp8 KV) with
 #                ANVIL_CUDA_ATTN_KV_INNER=1: the A/B against bench_ring's
+#   ops_ltt, model_ltt: test_cuda_ops / test_cuda_model with ANVIL_CUDA_LT_TUNE=1 (cuBLASLt's
+#                candidates timed per decode shape, the fastest kept)
 #   ops_persist  test_cuda_ops with ANVIL_CUDA_ATTN_PERSIST=1 (the tensor-core decode on a
 #                persistent grid, fetching a block's next item while it finishes the current)
 #   ops_pfuse    the same with ANVIL_CUDA_ATTN_FUSE=1 as well
@@ -71,7 +73,8 @@
 #   bench_persist bench_ring's register-GEMV runs (bf16 then fp8 KV) with
 #                ANVIL_CUDA_ATTN_PERSIST=1: the A/B against bench_ring's
 #   bench_ab     every unmeasured switch (ring, fold, prefetch, fuse, sample list, KV heads
-#                inner, persistent decode, VLATE, and the batch-1 combination) against the
+#                inner, persistent decode, VLATE, cuBLASLt tuning, and the batch-1
+#                combination) against the
 #                default, in short runs: batch 1, batch 256, batch 256 x 2k bf16 and fp8 (the
 #                default first and last in each group); ~6 minutes
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
@@ -286,6 +289,8 @@ step ops_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_OPS"
 step model_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_MODEL"
 step bench_kvi 150 env RING_KVS="$RING_KVS" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_KV_INNER=1 \
     "${RING_ARGS[@]}"
+step ops_ltt 90 env ANVIL_CUDA_LT_TUNE=1 "$T_OPS"
+step model_ltt 90 env ANVIL_CUDA_LT_TUNE=1 "$T_MODEL"
 step ops_persist 90 env ANVIL_CUDA_ATTN_PERSIST=1 "$T_OPS"
 step ops_pfuse 90 env ANVIL_CUDA_ATTN_PERSIST=1 ANVIL_CUDA_ATTN_FUSE=1 "$T_OPS"
 step model_persist 90 env ANVIL_CUDA_ATTN_PERSIST=1 "$T_MODEL"
@@ -328,6 +333,7 @@ b256 -
 b256 ANVIL_CUDA_SAMPLE_LIST=0
 b256 ANVIL_CUDA_ATTN_FUSE=1
 b256 ANVIL_CUDA_ATTN_PERSIST=1
+b256 ANVIL_CUDA_LT_TUNE=1
 b256 -
 ctx16 -
 ctx16 ANVIL_CUDA_ATTN_FUSE=1
@@ -335,6 +341,7 @@ ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx16 ANVIL_CUDA_ATTN_PERSIST=1
 ctx16 ANVIL_CUDA_ATTN_PERSIST=1 ANVIL_CUDA_ATTN_FUSE=1
 ctx16 ANVIL_CUDA_ATTN_VLATE=1
+ctx16 ANVIL_CUDA_LT_TUNE=1
 ctx16 -
 ctx8 -
 ctx8 ANVIL_CUDA_ATTN_KV_INNER=1
