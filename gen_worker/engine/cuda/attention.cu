@@ -780,8 +780,8 @@ static __device__ __forceinline__ void s_vpairs(const unsigned (&r0)[VW],
    p.v has used the current ones, so their round trip overlaps the current item's merge and
    partial writes. No block launch an item. Each item's arithmetic is the one-shot kernel's,
    so the partials are the same bits. Launch bounds of 3 blocks an SM for bf16 (head_dim 128,
-   G 4: 168 registers, 40 bytes spilled; unbounded it took 205, 2 blocks) and 4 for fp8 (128
-   registers, 28 bytes spilled). */
+   G 4: 168 registers, no spills; unbounded it took 205, 2 blocks) and 4 for fp8 (128
+   registers, 24 bytes spilled). */
 template <int HD, int G, typename T, bool VL = false, bool PS = false>
 static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : PS ? (sizeof(T) == 1 ? 4 : 3) : 1)
     s_attn_decode_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
@@ -998,15 +998,11 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : PS ? (siz
             wm[warp][g] = cur.nvalid > 0 ? mx : -INFINITY, wl[warp][g] = l;
         __syncthreads();
         /* PS: K and V are used up; the next item's rows go out now, their round trip
-           overlapping this item's merge and partial writes. With the fused combine they go
-           out after it: its merge of a token's splits, with the rows in registers, took the
-           kernel from 164 to 207 registers (bf16, G 4) */
-        auto load_next = [&]() {
+           overlapping this item's merge, partial writes and (fused) combine */
+        if (more) {
             load_k(nxt);
             load_v(nxt);
-        };
-        if (more && !fuse_out)
-            load_next();
+        }
         const size_t pi0 = (size_t)(tok_part[cur.tok] + cur.split) * n_head + cur.kvh * G;
         for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
             const int qg = idx / HD, d = idx % HD, at2 = (d / DV) * WS + (d % DV) * 8 + qg;
@@ -1014,12 +1010,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : PS ? (siz
                 return G <= 4 ? wo[w][at2] + wo[w][at2 + 4] : wo[w][at2];
             }, part_o, part_ml, pi0 + qg, HD, d);
         }
-        if (fuse_out) {
+        if (fuse_out)
             s_decode_combine<G>(fuse_out, part_o, part_ml, tok_part, tok_nsplit, counters,
                                 cur.tok, cur.kvh, n_head, n_kv_head, HD);
-            if (more)
-                load_next();
-        }
         if (!more)
             break;
         cur = nxt;
