@@ -485,7 +485,8 @@ fi
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_vlate.log" 2>/dev/null
     echo "== the decode grid with a tile's KV heads next to each other (ANVIL_CUDA_ATTN_KV_INNER=1)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_kvi.log" 2>/dev/null
-    echo "== every switch against the default (bench_ab)"
+    echo "== every switch against the default (bench_ab; graphs tok/s, ratio to the group's default)"
+    [ -f "$OUT/bench_ab.log" ] && "$PY" "$BENCHDIR/bench_ab_table.py" "$OUT/bench_ab.log" 2>&1
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ab.log" 2>/dev/null
     echo "== the persistent tensor-core decode (ANVIL_CUDA_ATTN_PERSIST=1)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_persist.log" 2>/dev/null
