@@ -37,7 +37,7 @@ static __global__ void s_swiglu_fused_kernel(float *out /* (n, ffn) f32 */,
     }
 }
 
-/* the stacked form, 4 elements a thread: ffn4 = ffn / 4, total4 = n * ffn4 < 2^32 */
+/* the stacked form, 4 elements a thread: ffn4 = ffn / 4, total4 = n * ffn4 < 2^31 */
 static __global__ void s_swiglu_fused4_kernel(float4 *out /* (n, ffn4) */,
                                               const float4 *gu /* (n, 2 ffn4) */, unsigned ffn4,
                                               unsigned total4)
@@ -78,7 +78,7 @@ extern "C" int ecu_swiglu_fused(eng_backend_t *be, float *out, const float *gu, 
         return -EINVAL;
     size_t total = (size_t)n * ffn;
     if (ffn % 4 == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)gu % 16 == 0 &&
-        total / 4 < 0xffffffffu) {
+        total / 4 < 0x7fffffffu) { /* the unsigned grid stride cannot wrap */
         ECU_CHECK(ecu_launch(st, s_swiglu_fused4_kernel, dim3(s_grid(st, total / 4)), dim3(256),
                              0, (float4 *)out, (const float4 *)gu, (unsigned)(ffn / 4),
                              (unsigned)(total / 4)));

@@ -44,6 +44,7 @@ int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, flo
         st->rope_tab_theta == theta)
         return 0;
     const int hh = head_dim / 2;
+    st->rope_tab_ok = 0; /* until the new table is launched: a grow loses the old one */
     ECU_TRY(ecu_buf_reserve(&st->rope_tab, (size_t)n * hh * sizeof(float2)));
     *tab = (const float2 *)st->rope_tab.ptr;
     ECU_CHECK(ecu_launch(st, s_rope_angles_kernel, dim3((unsigned)((n * hh + 255) / 256)),
