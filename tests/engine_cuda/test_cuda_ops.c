@@ -505,7 +505,8 @@ static void test_swiglu(int ffn)
     int n = 5;
     size_t t = (size_t)n * ffn;
     float *g = s_rand(t, 4.0f), *u = s_rand(t, 2.0f), *ref = malloc(t * 4), *got = malloc(t * 4);
-    float *gg = ecu_t_put(gpu, g, t * 4), *gu = ecu_t_put(gpu, u, t * 4), *go = gpu->alloc(gpu, t * 4);
+    float *gg = ecu_t_put(gpu, g, t * 4), *gu = ecu_t_put(gpu, u, t * 4);
+    float *go = gpu->alloc(gpu, t * 4);
     cpu->swiglu(cpu, ref, g, u, n, ffn);
     gpu->swiglu(gpu, go, gg, gu, n, ffn);
     ecu_t_get(gpu, got, go, t * 4);

@@ -783,7 +783,8 @@ static __device__ __forceinline__ void s_vpairs(const unsigned (&r0)[VW],
    G 4: 168 registers, no spills; unbounded it took 205, 2 blocks) and 4 for fp8 (128
    registers, 24 bytes spilled). */
 template <int HD, int G, typename T, bool VL = false, bool PS = false>
-static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : PS ? (sizeof(T) == 1 ? 4 : 3) : 1)
+static __global__ void
+__launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : PS ? (sizeof(T) == 1 ? 4 : 3) : 1)
     s_attn_decode_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
                              const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
                              const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,

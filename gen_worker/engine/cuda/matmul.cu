@@ -600,9 +600,10 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
    the GPU with too few warps of one row each, and the kernel ends with a partial wave (on the
    H200, ncu: QKV 20.3 us at 54 % of DRAM bandwidth, 768 blocks for 528 resident slots; O 13.7
    us at 52 %; gate/up, 3584 blocks, 80 %). Segments are doubled until the grid holds 2.5
-   waves of resident blocks (ANVIL_CUDA_GEMV_WAVES, st->gemv_waves2 / 2), while a segment keeps >= 1024 columns and divides evenly. Pair
-   epilogues need two rows a block (segs <= 4) and, for RoPE, head_dim / 2 a multiple of the
-   pairs a block holds; 0 when no segment count fits (the caller composes the ops). */
+   waves of resident blocks (ANVIL_CUDA_GEMV_WAVES, st->gemv_waves2 / 2), while a segment
+   keeps >= 1024 columns and divides evenly. Pair epilogues need two rows a block (segs <= 4)
+   and, for RoPE, head_dim / 2 a multiple of the pairs a block holds; 0 when no segment count
+   fits (the caller composes the ops). */
 template <int N, typename T, int NORM, bool ROPE>
 static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, int head_dim,
                        size_t smem, long *slots_out)
