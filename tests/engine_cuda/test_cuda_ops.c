@@ -21,6 +21,7 @@
 */
 #include "ecu_test.h"
 
+#include <stdbool.h>
 #include <time.h>
 
 #include "anv_log.h"
@@ -761,9 +762,17 @@ static void s_sample_timing(eng_backend_t *gb, const char *label)
     free(l);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0); /* a log up to the last line even if a kernel faults */
+    /* --only decodes: just the 64-decode test (its three decode grids), for a run under
+       compute-sanitizer (gpu_session's memcheck_dec / racecheck_dec) */
+    const bool only_decodes = argc == 3 && !strcmp(argv[1], "--only") &&
+                              !strcmp(argv[2], "decodes");
+    if (argc > 1 && !only_decodes) {
+        fprintf(stderr, "usage: %s [--only decodes]\n", argv[0]);
+        return 2;
+    }
     anv_log_init("test_cuda_ops");
     if (!eng_cuda_available()) {
         printf("SKIP: no CUDA device visible\n");
@@ -776,6 +785,15 @@ int main(void)
     if (!cpu || !gpu || !gpu32 || !gpu8) {
         printf("FAIL: cannot create the backends\n");
         return 1;
+    }
+    if (only_decodes) {
+        test_attention_decodes(ENG_DTYPE_BF16);
+        test_attention_decodes(ENG_DTYPE_F8E4M3);
+        gpu32->destroy(&gpu32);
+        gpu8->destroy(&gpu8);
+        gpu->destroy(&gpu);
+        cpu->destroy(&cpu);
+        return ecu_t_done("test_cuda_ops --only decodes");
     }
     eng_dtype_t dts[3] = {ENG_DTYPE_BF16, ENG_DTYPE_F16, ENG_DTYPE_F32};
     for (int i = 0; i < 3; i++) {

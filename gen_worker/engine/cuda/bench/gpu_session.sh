@@ -83,6 +83,9 @@
 #   memcheck     memcheck.sh: compute-sanitizer memcheck on a short whole-model run
 #   memcheck_fma the same with ANVIL_CUDA_ATTN_MMA=0
 #   memcheck_ring the same with ANVIL_CUDA_GEMV_RING=1
+#   memcheck_dec memcheck on test_cuda_ops --only decodes: 64 decodes on the one-shot, the
+#                KV-heads-inner and the persistent decode grids (a block walks several items)
+#   racecheck_dec the same under racecheck (shared memory reused from item to item)
 #   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
 #                (time, DRAM bytes, GB/s) and the time between kernels
 #   kernels_b256 the same for one batch-256 step at 2k context (ncu_step.py --ctx-len 2048):
@@ -438,6 +441,8 @@ fi
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_fma 120 env ANVIL_CUDA_ATTN_MMA=0 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_ring 120 env ANVIL_CUDA_GEMV_RING=1 "$TESTS/memcheck.sh" "$T_MODEL"
+step memcheck_dec 180 "$TESTS/memcheck.sh" "$T_OPS" --only decodes
+step racecheck_dec 240 "$TESTS/memcheck.sh" --tool racecheck "$T_OPS" --only decodes
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
     step kernels 240 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
     step kernels_b256 120 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 256 \
