@@ -23,9 +23,12 @@
     a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
     combine computes each split's weight once into shared memory. Decode tiles of bf16 / fp8
     KV with 4 or 8 query heads a KV head run a tensor-core kernel instead (st->attn_mma, off
-    with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same tiles and partials.
-    A/B switches not yet measured: the order of the decode grid (s_dec_block), a persistent
-    variant of the tensor-core kernel (PS), the fused combine (s_decode_combine).
+    with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same tiles and partials;
+    it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0.
+    A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
+    default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
+    256 x 2k bf16 / fp8 KV; the persistent tensor-core kernel (PS) x0.93 to x0.97; the fused
+    combine (s_decode_combine) x0.91 to x0.97, x0.3 with PS.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -768,10 +771,11 @@ static __device__ __forceinline__ void s_vpairs(const unsigned (&r0)[VW],
     }
 }
 
-/* VL (ANVIL_CUDA_ATTN_VLATE=1, st->attn_vlate; the A/B): V rows are loaded after q.k (their
-   round trip overlapping the softmax) instead of with K, so K's and V's registers are not
-   live at once (bf16 at head_dim 128 held 164 registers, 3 blocks an SM); two round trips a
-   warp, at 4 blocks an SM. The same values reach the same arithmetic.
+/* VL (st->attn_vlate, the default; ANVIL_CUDA_ATTN_VLATE=0 for the A/B): V rows are loaded
+   after q.k (their round trip overlapping the softmax) instead of with K, so K's and V's
+   registers are not live at once (bf16 at head_dim 128 held 164 registers, 3 blocks an SM);
+   two round trips a warp, at 4 blocks an SM. The same values reach the same arithmetic. On the
+   H200 (bench_ab, graphs): batch 256 x 2k bf16 KV 8243 -> 8463 tok/s, fp8 10574 -> 11104.
    PS (ANVIL_CUDA_ATTN_PERSIST=1, st->attn_persist; the A/B): a persistent grid (the blocks
    that fit at once) walks the items (tile, KV head), KV heads inner, gridDim.x apart. A
    block looks up its next item (tile, context, block table: the chain of dependent reads

@@ -55,9 +55,9 @@
 #   graphs_pf    test_cuda_graphs with ANVIL_CUDA_PREFETCH_MB=16
 #   bench_pf     batch 1, bf16 KV, graphs: ANVIL_CUDA_PREFETCH_MB 0, 8, 16 and 32 with the
 #                register GEMV, then 16 with the ring: the successor prefetch's A/B
-#   ops_vlate    test_cuda_ops with ANVIL_CUDA_ATTN_VLATE=1 (the tensor-core decode loads V
-#                after q.k instead of with K: fewer registers, more blocks an SM)
-#   bench_vlate  bench_ring's register-GEMV runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=1:
+#   ops_vlate    test_cuda_ops with ANVIL_CUDA_ATTN_VLATE=0 (the tensor-core decode loads V
+#                with K, the default's A/B; by default V is loaded after q.k)
+#   bench_vlate  bench_ring's register-GEMV runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=0:
 #                the A/B against bench_ring's
 #   ops_kvi      test_cuda_ops with ANVIL_CUDA_ATTN_KV_INNER=1 (the decode grid runs a tile's
 #                KV heads next to each other)
@@ -279,14 +279,14 @@ step model_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_MODEL"
 step graphs_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_GRAPHS"
 step bench_fuse 120 env ANVIL_CUDA_ATTN_FUSE=1 "$BENCH" "${RING_ARGS[@]}"
 step bench_list 120 env ANVIL_CUDA_SAMPLE_LIST=0 "$BENCH" "${RING_ARGS[@]}"
-step ops_vlate 90 env ANVIL_CUDA_ATTN_VLATE=1 "$T_OPS"
+step ops_vlate 90 env ANVIL_CUDA_ATTN_VLATE=0 "$T_OPS"
 # bench_ring's register-GEMV runs for each KV dtype with one switch set ($1, NAME=VALUE)
 KV_AB='b=$0; sw=$1; shift
         for kv in $RING_KVS; do
             echo "== kv $kv $sw"
             env "$sw" "$b" --kv-dtype $kv "$@" || exit 1
         done'
-step bench_vlate 150 env RING_KVS="$RING_KVS" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_VLATE=1 \
+step bench_vlate 150 env RING_KVS="$RING_KVS" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_VLATE=0 \
     "${RING_ARGS[@]}"
 step ops_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_OPS"
 step model_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_MODEL"
@@ -343,14 +343,14 @@ ctx16 ANVIL_CUDA_ATTN_FUSE=1
 ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx16 ANVIL_CUDA_ATTN_PERSIST=1
 ctx16 ANVIL_CUDA_ATTN_PERSIST=1 ANVIL_CUDA_ATTN_FUSE=1
-ctx16 ANVIL_CUDA_ATTN_VLATE=1
+ctx16 ANVIL_CUDA_ATTN_VLATE=0
 ctx16 ANVIL_CUDA_LT_TUNE=1
 ctx16 -
 ctx8 -
 ctx8 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx8 ANVIL_CUDA_ATTN_PERSIST=1
 ctx8 ANVIL_CUDA_ATTN_PERSIST=1 ANVIL_CUDA_ATTN_FUSE=1
-ctx8 ANVIL_CUDA_ATTN_VLATE=1
+ctx8 ANVIL_CUDA_ATTN_VLATE=0
 ctx8 -"
 step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B256="$AB_B256" AB_CTX="$AB_CTX" \
     AB_KVS="$AB_KVS" bash -c 'b=$0; read -r kv16 kv8 <<< "$AB_KVS"; fails=0
@@ -486,7 +486,7 @@ fi
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fuse.log" 2>/dev/null
     echo "== the sampler without its candidate list (ANVIL_CUDA_SAMPLE_LIST=0), bf16 KV"
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_list.log" 2>/dev/null
-    echo "== the tensor-core decode with V loaded after q.k (ANVIL_CUDA_ATTN_VLATE=1)"
+    echo "== the tensor-core decode with V loaded with K (ANVIL_CUDA_ATTN_VLATE=0)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_vlate.log" 2>/dev/null
     echo "== the decode grid with a tile's KV heads next to each other (ANVIL_CUDA_ATTN_KV_INNER=1)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_kvi.log" 2>/dev/null
