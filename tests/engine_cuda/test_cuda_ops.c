@@ -7,15 +7,21 @@
     keeps fp32, the CUDA default bf16, so cache contents are compared after rounding and the
     attention tests put identical (bf16-representable) values in both. The fused linear op
     (norm folded in; plain, residual-add, SwiGLU and rope + KV store epilogues) is held to the
-    CPU's composition of the separate ops. Sampling is checked
+    CPU's composition of the separate ops. 64 decodes at once (more decode items than the GPU
+    holds blocks) run on the one-shot decode grid, with the KV heads inner and on the
+    persistent grid, each against the CPU and the last two bit for bit against the first.
+    Sampling is checked
     for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance and
     the empirical distribution over many seeds, for the default sampler (blocks a row by
-    batch) and each fixed one (one block a row, a cluster of 8 blocks a row:
-    ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), with the time of a sample call printed for each. Exit 77
+    batch), each fixed one (one block a row, a cluster of 8 blocks a row:
+    ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) and the default without its candidate list
+    (ANVIL_CUDA_SAMPLE_LIST=0), with the time of a sample call printed for each; rows that
+    overflow the candidate list are drawn against the host too. Exit 77
     without a GPU.
 */
 #include "ecu_test.h"
 
+#include <stdbool.h>
 #include <time.h>
 
 #include "anv_log.h"
@@ -215,6 +221,29 @@ static void test_rope_kv(int hd)
     free(ck8), free(cv8);
 }
 
+/* A random K / V pool of n elements in dtype dt (hk, hv) and the same values widened to fp32
+   for the CPU (ck, cv): values representable in dt, so both backends attend over the same
+   numbers. */
+static void s_kv_fill(eng_dtype_t dt, size_t n, void **hk, void **hv, float **ck, float **cv)
+{
+    size_t es = eng_dtype_size(dt);
+    *ck = malloc(n * 4), *cv = malloc(n * 4), *hk = malloc(n * es), *hv = malloc(n * es);
+    for (size_t i = 0; i < n; i++) {
+        float a = ecu_t_randf(2.0f), b = ecu_t_randf(1.0f);
+        if (dt == ENG_DTYPE_BF16) {
+            ((uint16_t *)*hk)[i] = ecu_t_bf16(a), ((uint16_t *)*hv)[i] = ecu_t_bf16(b);
+            a = ecu_t_bf16_f(ecu_t_bf16(a)), b = ecu_t_bf16_f(ecu_t_bf16(b));
+        } else if (dt == ENG_DTYPE_F8E4M3) {
+            ((uint8_t *)*hk)[i] = eng_f32_to_f8e4m3(a), ((uint8_t *)*hv)[i] = eng_f32_to_f8e4m3(b);
+            a = eng_f8e4m3_to_f32(((uint8_t *)*hk)[i]);
+            b = eng_f8e4m3_to_f32(((uint8_t *)*hv)[i]);
+        } else {
+            ((float *)*hk)[i] = a, ((float *)*hv)[i] = b;
+        }
+        (*ck)[i] = a, (*cv)[i] = b;
+    }
+}
+
 /* Mixed batch: a fresh prefill chunk, a long decode (several splits), a continued prefill
    chunk, a decode of context 1; shuffled block tables. */
 static const char *s_attn_tag = ""; /* names the decode kernel under test */
@@ -238,21 +267,9 @@ static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
     }
     memcpy(tables, perm, (size_t)NS * mb * 4);
     size_t pool = (size_t)nb * bs * nkv * hd, es = eng_dtype_size(be->kv_dtype);
-    float *ck = malloc(pool * 4), *cv = malloc(pool * 4);
-    void *hk = malloc(pool * es), *hv = malloc(pool * es);
-    for (size_t i = 0; i < pool; i++) {
-        float a = ecu_t_randf(2.0f), b = ecu_t_randf(1.0f);
-        if (be->kv_dtype == ENG_DTYPE_BF16) {
-            ((uint16_t *)hk)[i] = ecu_t_bf16(a), ((uint16_t *)hv)[i] = ecu_t_bf16(b);
-            a = ecu_t_bf16_f(ecu_t_bf16(a)), b = ecu_t_bf16_f(ecu_t_bf16(b));
-        } else if (be->kv_dtype == ENG_DTYPE_F8E4M3) {
-            ((uint8_t *)hk)[i] = eng_f32_to_f8e4m3(a), ((uint8_t *)hv)[i] = eng_f32_to_f8e4m3(b);
-            a = eng_f8e4m3_to_f32(((uint8_t *)hk)[i]), b = eng_f8e4m3_to_f32(((uint8_t *)hv)[i]);
-        } else {
-            ((float *)hk)[i] = a, ((float *)hv)[i] = b;
-        }
-        ck[i] = a, cv[i] = b;
-    }
+    float *ck, *cv;
+    void *hk, *hv;
+    s_kv_fill(be->kv_dtype, pool, &hk, &hv, &ck, &cv);
     size_t qn = (size_t)n_tok * nh * hd;
     float *q = s_rand(qn, 1.0f), *ref = malloc(qn * 4), *got = malloc(qn * 4);
     void *gk = ecu_t_put(be, hk, pool * es), *gv = ecu_t_put(be, hv, pool * es);
@@ -289,6 +306,94 @@ static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
     be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go), be->free(be, go1);
     free(tables), free(perm), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
     free(got), free(got2), free(alone);
+}
+
+/* Sets environment variable name to v (NULL: unset) and returns its old value (malloc'd, or
+   NULL when it was unset), for a backend built with a switch on or off. */
+static char *s_env_swap(const char *name, const char *v)
+{
+    const char *old = getenv(name);
+    char *was = old ? strdup(old) : NULL;
+    if (v)
+        setenv(name, v, 1);
+    else
+        unsetenv(name);
+    return was;
+}
+
+/* Many decodes at once, on the Seed-Coder shape (32 / 8 heads, head_dim 128), in KV dtype
+   kv: 64 sequences with contexts spread over 1..700 (split edges included), about 1400
+   (tile, KV head) items, more than a GPU holds blocks at once, so the persistent decode
+   (ANVIL_CUDA_ATTN_PERSIST=1) walks several items a block and fetches the next while it
+   finishes one. The one-shot grid, the grid with the KV heads inner
+   (ANVIL_CUDA_ATTN_KV_INNER=1) and the persistent one are each held to the CPU, and the
+   last two to the first bit for bit (the same arithmetic an item). */
+static void test_attention_decodes(eng_dtype_t kv)
+{
+    enum { NS = 64, NB = 3 };
+    const int hd = 128, nh = 32, nkv = 8, bs = 16, mb = 44, nb = NS * mb;
+    static const char *const label[NB] = {"one-shot grid", "KV heads inner", "persistent"};
+    static const char *const sw[NB][2] = {{"0", "0"}, {"1", "0"}, {"0", "1"}};
+    char *was_kvi = s_env_swap("ANVIL_CUDA_ATTN_KV_INNER", NULL);
+    char *was_ps = s_env_swap("ANVIL_CUDA_ATTN_PERSIST", NULL);
+    eng_backend_t *be[NB];
+    for (int i = 0; i < NB; i++) {
+        setenv("ANVIL_CUDA_ATTN_KV_INNER", sw[i][0], 1);
+        setenv("ANVIL_CUDA_ATTN_PERSIST", sw[i][1], 1);
+        be[i] = eng_cuda_backend_new_kv(kv);
+    }
+    free(s_env_swap("ANVIL_CUDA_ATTN_KV_INNER", was_kvi));
+    free(s_env_swap("ANVIL_CUDA_ATTN_PERSIST", was_ps));
+    free(was_kvi), free(was_ps);
+    ecu_t_check(be[0] && be[1] && be[2], "backends with each decode grid");
+    int32_t q_start[NS + 1], ctx[NS];
+    for (int s = 0; s < NS; s++) {
+        q_start[s] = s;
+        ctx[s] = 1 + (s * 347) % 700; /* 1 .. 700 */
+    }
+    q_start[NS] = NS;
+    ctx[1] = 128, ctx[2] = 129, ctx[3] = 700, ctx[4] = 256; /* split edges */
+    int32_t *tables = malloc((size_t)nb * 4);
+    for (int i = 0; i < nb; i++)
+        tables[i] = i;
+    for (int i = nb - 1; i > 0; i--) {
+        int j = (int)(ecu_t_uniform() * (i + 1)), t = tables[i];
+        tables[i] = tables[j], tables[j] = t;
+    }
+    size_t pool = (size_t)nb * bs * nkv * hd, es = eng_dtype_size(kv), qn = (size_t)NS * nh * hd;
+    float *ck, *cv;
+    void *hk, *hv;
+    s_kv_fill(kv, pool, &hk, &hv, &ck, &cv);
+    float *q = s_rand(qn, 1.0f), *ref = malloc(qn * 4), *got[NB];
+    eng_attn_batch_t b = {NS, q_start, ctx, tables, mb};
+    cpu->attention(cpu, ref, q, ck, cv, &b, nh, nkv, hd, bs);
+    for (int i = 0; i < NB; i++) {
+        got[i] = calloc(qn, 4);
+        if (!be[i])
+            continue;
+        void *gk = ecu_t_put(be[i], hk, pool * es), *gv = ecu_t_put(be[i], hv, pool * es);
+        float *gq = ecu_t_put(be[i], q, qn * 4), *go = be[i]->alloc(be[i], qn * 4);
+        int rc = be[i]->attention(be[i], go, gq, gk, gv, &b, nh, nkv, hd, bs);
+        ecu_t_check(rc == 0, "attention over 64 decodes returns 0");
+        ecu_t_get(be[i], got[i], go, qn * 4);
+        char name[128];
+        snprintf(name, sizeof(name), "attention, 64 decodes, %s, kv=%s", label[i],
+                 eng_dtype_name(kv));
+        ecu_t_close(name, got[i], ref, qn, 2e-5);
+        if (i > 0) {
+            snprintf(name, sizeof(name), "attention, 64 decodes, %s = one-shot, kv=%s",
+                     label[i], eng_dtype_name(kv));
+            ecu_t_check(memcmp(got[i], got[0], qn * 4) == 0, name);
+        }
+        be[i]->free(be[i], gk), be[i]->free(be[i], gv), be[i]->free(be[i], gq);
+        be[i]->free(be[i], go);
+    }
+    for (int i = 0; i < NB; i++) {
+        if (be[i])
+            be[i]->destroy(&be[i]);
+        free(got[i]);
+    }
+    free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
 }
 
 /* linear (the fused matmul) on backend be against the CPU's composition: epilogue epi, the
@@ -393,16 +498,21 @@ static void test_linears(void)
     }
 }
 
-static void test_elementwise(void)
+/* swiglu and the stacked swiglu_fused: ffn 1000 takes the 4-a-thread kernel, 1002 the
+   scalar one */
+static void test_swiglu(int ffn)
 {
-    int n = 5, ffn = 1000, dim = 300;
+    char name[64];
+    int n = 5;
     size_t t = (size_t)n * ffn;
     float *g = s_rand(t, 4.0f), *u = s_rand(t, 2.0f), *ref = malloc(t * 4), *got = malloc(t * 4);
-    float *gg = ecu_t_put(gpu, g, t * 4), *gu = ecu_t_put(gpu, u, t * 4), *go = gpu->alloc(gpu, t * 4);
+    float *gg = ecu_t_put(gpu, g, t * 4), *gu = ecu_t_put(gpu, u, t * 4);
+    float *go = gpu->alloc(gpu, t * 4);
     cpu->swiglu(cpu, ref, g, u, n, ffn);
     gpu->swiglu(gpu, go, gg, gu, n, ffn);
     ecu_t_get(gpu, got, go, t * 4);
-    ecu_t_close("swiglu", got, ref, t, 1e-6);
+    snprintf(name, sizeof(name), "swiglu ffn=%d", ffn);
+    ecu_t_close(name, got, ref, t, 1e-6);
     float *st = malloc(2 * t * 4);
     for (int r = 0; r < n; r++) {
         memcpy(st + (size_t)r * 2 * ffn, g + (size_t)r * ffn, (size_t)ffn * 4);
@@ -411,7 +521,17 @@ static void test_elementwise(void)
     float *gst = ecu_t_put(gpu, st, 2 * t * 4);
     gpu->swiglu_fused(gpu, go, gst, n, ffn);
     ecu_t_get(gpu, got, go, t * 4);
-    ecu_t_close("swiglu_fused", got, ref, t, 1e-6);
+    snprintf(name, sizeof(name), "swiglu_fused ffn=%d", ffn);
+    ecu_t_close(name, got, ref, t, 1e-6);
+    gpu->free(gpu, gg), gpu->free(gpu, gu), gpu->free(gpu, go), gpu->free(gpu, gst);
+    free(g), free(u), free(ref), free(got), free(st);
+}
+
+static void test_elementwise(void)
+{
+    int n = 5, dim = 300;
+    test_swiglu(1000);
+    test_swiglu(1002);
 
     /* gather_rows, also in place */
     float *x = s_rand((size_t)n * dim, 1.0f), *gx = ecu_t_put(gpu, x, (size_t)n * dim * 4);
@@ -425,9 +545,8 @@ static void test_elementwise(void)
     gpu->gather_rows(gpu, gx, gx, rows, 3, dim);
     ecu_t_get(gpu, gt, gx, 3 * (size_t)dim * 4);
     ecu_t_close("gather_rows in place", gt, rr, 3 * (size_t)dim, 0.0);
-    gpu->free(gpu, gg), gpu->free(gpu, gu), gpu->free(gpu, go), gpu->free(gpu, gst);
     gpu->free(gpu, gx), gpu->free(gpu, gr);
-    free(g), free(u), free(ref), free(got), free(st), free(x), free(rr), free(gt);
+    free(x), free(rr), free(gt);
 }
 
 /* log_softmax and sampling on backend gb (label: its sampler) against the host */
@@ -585,6 +704,33 @@ static void test_softmax_sample(eng_backend_t *gb, const char *label)
                  th[r]);
         ecu_t_check(tg[r] == th[r] && fabsf(lg[r] - lh[r]) < 1e-4f, name);
     }
+    /* rows the sampler's candidate list (2048 a block, softmax.cu) cannot hold, and the
+       truncations that build it from top-p: a row of equal logits (every block reads its
+       part of the row again), a row whose first 2500 ids tie at the top (all in the first
+       block's part: with a cluster, one block falls back and the others read their lists),
+       top-p alone (its own two bytes make the list), top-p alone with min-p */
+    float *xl = s_rand(t, 8.0f);
+    for (int i = 0; i < vocab; i++)
+        xl[i] = 1.5f;
+    for (int i = 0; i < 2500; i++)
+        xl[vocab + i] = 12.0f;
+    sp[0] = (eng_sample_params_t){1.0f, 40, 0.95f, 0.0f, 101, 2};
+    sp[1] = (eng_sample_params_t){0.8f, 40, 0.9f, 0.0f, 202, 4};
+    sp[2] = (eng_sample_params_t){1.0f, 0, 0.9f, 0.0f, 303, 6};
+    sp[3] = (eng_sample_params_t){0.7f, 0, 0.8f, 0.05f, 404, 8};
+    float *gxl = ecu_t_put(gb, xl, t * 4);
+    gb->sample(gb, tg, lg, gxl, n, vocab, sp);
+    cpu->sample(cpu, th, lh, xl, n, vocab, sp);
+    static const char *const what[4] = {"equal logits", "2500 tied at the top", "top-p alone",
+                                        "top-p and min-p"};
+    for (int r = 0; r < n; r++) {
+        snprintf(name, sizeof(name), "vocab=155136 %s: GPU token %d, host token %d", what[r],
+                 tg[r], th[r]);
+        ecu_t_check(tg[r] == th[r] && fabsf(lg[r] - lh[r]) < 1e-4f, name);
+    }
+    ecu_t_check(tg[1] >= 0 && tg[1] < 2500, "a row with 2500 tied at the top draws one of them");
+    gb->free(gb, gxl);
+    free(xl);
     gb->free(gb, gl), gb->free(gb, go), gb->free(gb, grl);
     free(l), free(ref), free(got), free(rl), free(rp), free(rt), free(rt2), free(rlp);
 }
@@ -616,8 +762,17 @@ static void s_sample_timing(eng_backend_t *gb, const char *label)
     free(l);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a log up to the last line even if a kernel faults */
+    /* --only decodes: just the 64-decode test (its three decode grids), for a run under
+       compute-sanitizer (gpu_session's memcheck_dec / racecheck_dec) */
+    const bool only_decodes = argc == 3 && !strcmp(argv[1], "--only") &&
+                              !strcmp(argv[2], "decodes");
+    if (argc > 1 && !only_decodes) {
+        fprintf(stderr, "usage: %s [--only decodes]\n", argv[0]);
+        return 2;
+    }
     anv_log_init("test_cuda_ops");
     if (!eng_cuda_available()) {
         printf("SKIP: no CUDA device visible\n");
@@ -630,6 +785,15 @@ int main(void)
     if (!cpu || !gpu || !gpu32 || !gpu8) {
         printf("FAIL: cannot create the backends\n");
         return 1;
+    }
+    if (only_decodes) {
+        test_attention_decodes(ENG_DTYPE_BF16);
+        test_attention_decodes(ENG_DTYPE_F8E4M3);
+        gpu32->destroy(&gpu32);
+        gpu8->destroy(&gpu8);
+        gpu->destroy(&gpu);
+        cpu->destroy(&cpu);
+        return ecu_t_done("test_cuda_ops --only decodes");
     }
     eng_dtype_t dts[3] = {ENG_DTYPE_BF16, ENG_DTYPE_F16, ENG_DTYPE_F32};
     for (int i = 0; i < 3; i++) {
@@ -673,20 +837,28 @@ int main(void)
     test_linears();
     test_softmax_sample(gpu, "blocks a row by batch (the default)");
     s_sample_timing(gpu, "blocks a row by batch (the default)");
-    /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) must draw exactly what the host does */
-    static const char *const fixed[2][2] = {{"1", "one block a row"},
-                                            {"8", "a cluster of 8 blocks a row"}};
-    for (int f = 0; f < 2; f++) {
-        setenv("ANVIL_CUDA_SAMPLE_BLOCKS", fixed[f][0], 1);
+    /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), and the default without its
+       candidate list (ANVIL_CUDA_SAMPLE_LIST=0, every pass over the row), must draw exactly
+       what the host does; their timings are the A/B */
+    static const char *const fixed[3][3] = {
+        {"ANVIL_CUDA_SAMPLE_BLOCKS", "1", "one block a row"},
+        {"ANVIL_CUDA_SAMPLE_BLOCKS", "8", "a cluster of 8 blocks a row"},
+        {"ANVIL_CUDA_SAMPLE_LIST", "0", "blocks a row by batch, no candidate list"}};
+    for (int f = 0; f < 3; f++) {
+        setenv(fixed[f][0], fixed[f][1], 1);
         eng_backend_t *gpuc = eng_backend_new("cuda", 0);
-        unsetenv("ANVIL_CUDA_SAMPLE_BLOCKS");
+        unsetenv(fixed[f][0]);
         ecu_t_check(gpuc != NULL, "a backend with a fixed sampler");
         if (gpuc) {
-            test_softmax_sample(gpuc, fixed[f][1]);
-            s_sample_timing(gpuc, fixed[f][1]);
+            test_softmax_sample(gpuc, fixed[f][2]);
+            s_sample_timing(gpuc, fixed[f][2]);
             gpuc->destroy(&gpuc);
         }
     }
+    /* last: it builds backends with the unmeasured decode grids (KV heads inner, persistent),
+       so a fault there cannot hide the default path's results above */
+    test_attention_decodes(ENG_DTYPE_BF16);
+    test_attention_decodes(ENG_DTYPE_F8E4M3);
     size_t fr = 0, tot = 0;
     ecu_t_check(gpu->mem_info(gpu, &fr, &tot) == 0 && fr > 0 && fr <= tot, "mem_info");
     gpu32->destroy(&gpu32);

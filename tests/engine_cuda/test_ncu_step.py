@@ -63,6 +63,19 @@ def main():
     check(len([l for l in text.splitlines() if l.startswith("kernel ")]) == 3,
           "one line per kernel and grid (the lm_head apart from the other products)")
     check("between_kernels_us=468.0" in text, "time between kernels = ms_step - kernel time")
+    # O and down at batch 1: the same kernel and grid, 33.6 and 117.4 MB a call
+    g = "void s_gemv_kernel<1, bf16, 0, false>(float*)"
+    od = [{"name": g, "grid": "(2048, 1, 1)", "ns": 12e3, "bytes": 33.6e6},
+          {"name": g, "grid": "(2048, 1, 1)", "ns": 38e3, "bytes": 117.4e6}] * 2
+    od.append({"name": "void s_sample_kernel<1>(float*)", "grid": "(1, 1, 1)", "ns": 3e3,
+               "bytes": 1e3})
+    out = io.StringIO()
+    ncu_step.summarise(od[-1:] + od, out=out)
+    text = out.getvalue()
+    print(text, end="")
+    check(len([l for l in text.splitlines() if l.startswith("kernel ")]) == 3,
+          "a kernel and grid with calls 3.5x apart in bytes: a line for each size")
+    check("n=2    us=     76.0 mb=    234.8" in text, "the down-sized calls summed apart")
     check(ncu_step.summarise([], out=io.StringIO()) == 1, "no kernels is an error")
     try:
         ncu_step.parse("no header here")

@@ -23,7 +23,12 @@
     a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
     combine computes each split's weight once into shared memory. Decode tiles of bf16 / fp8
     KV with 4 or 8 query heads a KV head run a tensor-core kernel instead (st->attn_mma, off
-    with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same tiles and partials.
+    with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same tiles and partials;
+    it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0.
+    A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
+    default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
+    256 x 2k bf16 / fp8 KV; the persistent tensor-core kernel (PS) x0.93 to x0.97; the fused
+    combine (s_decode_combine) x0.91 to x0.97, x0.3 with PS.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -427,16 +432,113 @@ static __device__ __forceinline__ void s_warps_merge(const float (&wm)[ECU_ATTN_
         part_ml[pi] = make_float2(mx, sum);
 }
 
+#define ECU_ATTN_CHUNK 128 /* splits whose weights the combine holds in shared memory at once */
+
+/* The merge of token t's partials for head h by one block (blockDim.x = head_dim, a multiple
+   of 32; thread d owns dimension d): the max over the token's splits, then each chunk of
+   splits' weights exp(m_i - max) once into shared memory (not once per dimension), the
+   weighted partials summed in split order and normalised by the sum of l_i * weight_i (a
+   block sum: fixed order for a given number of splits). The partials are read through L2
+   (__ldcg): the fused decode (s_decode_combine) reads what other blocks of its own kernel
+   wrote. */
+static __device__ __forceinline__ void s_combine_head(float *out, const float *part_o,
+                                                      const float2 *part_ml, int base, int ns,
+                                                      int t, int h, int n_head, int head_dim,
+                                                      float *wt, float *red)
+{
+    const int d = threadIdx.x;
+    float mx = -INFINITY;
+    for (int i = d; i < ns; i += blockDim.x)
+        mx = fmaxf(mx, __ldcg(&part_ml[(size_t)(base + i) * n_head + h]).x);
+    mx = ecu_block_max(mx, red);
+    float sum = 0.0f, acc = 0.0f;
+    for (int c0 = 0; c0 < ns; c0 += ECU_ATTN_CHUNK) {
+        const int nc = min(ECU_ATTN_CHUNK, ns - c0);
+        __syncthreads(); /* the previous chunk's weights are used up */
+        for (int i = d; i < nc; i += blockDim.x) {
+            const float2 ml = __ldcg(&part_ml[(size_t)(base + c0 + i) * n_head + h]);
+            const float w = ml.x == -INFINITY ? 0.0f : __expf(ml.x - mx);
+            wt[i] = w;
+            sum += ml.y * w;
+        }
+        __syncthreads();
+        const float *po = part_o + ((size_t)(base + c0) * n_head + h) * head_dim + d;
+        const size_t stride = (size_t)n_head * head_dim;
+#pragma unroll 4
+        for (int i = 0; i < nc; i++)
+            acc += __ldcg(po + i * stride) * wt[i];
+    }
+    sum = ecu_block_sum(sum, red);
+    out[((size_t)t * n_head + h) * head_dim + d] = sum > 0.0f ? acc / sum : 0.0f;
+}
+
+/* The fused combine of a decode block (ANVIL_CUDA_ATTN_FUSE=1, head_dim = the block's 128
+   threads): after its partials are written, the block counts itself done for its (token, KV
+   head); the last of the token's splits to finish merges the token's G heads with
+   s_combine_head, the combine kernel's own code (the same bits), and resets the counter for
+   the next launch. Saves the combine's launch and its round trips a layer. */
+template <int G>
+static __device__ __forceinline__ void s_decode_combine(float *out, const float *part_o,
+                                                        const float2 *part_ml,
+                                                        const int *tok_part,
+                                                        const int *tok_nsplit,
+                                                        unsigned *counters, int tok, int kvh,
+                                                        int n_head, int n_kv_head, int hd)
+{
+    __shared__ float wt[ECU_ATTN_CHUNK], red[32];
+    __shared__ int last;
+    __threadfence(); /* this block's partials, before its count */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = counters + (size_t)tok * n_kv_head + kvh;
+        last = atomicAdd(c, 1u) + 1 == (unsigned)tok_nsplit[tok];
+        if (last)
+            *c = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence(); /* the other splits' partials, after their counts */
+    const int base = tok_part[tok], ns = tok_nsplit[tok];
+    for (int g = 0; g < G; g++)
+        s_combine_head(out, part_o, part_ml, base, ns, tok, kvh * G + g, n_head, hd, wt, red);
+}
+
+/* A decode item (a tile and a KV head) as a lane sees it: the token, split, keys of its warp
+   in the context, and its own key's cache position */
+typedef struct {
+    int kvh, tok, split, nvalid, pos;
+} s_dec_item_t;
+
+/* The decode block's tile and KV head. Grid (n_dec_tiles, n_kv_head): a KV head's tiles run
+   one after another, so each 2 KB (bf16) or 1 KB (fp8) cache row of a position is read in
+   n_kv_head pieces of 256 / 128 bytes far apart in time. With the KV heads inner
+   (ANVIL_CUDA_ATTN_KV_INNER=1, st->attn_kv_inner; the A/B) the grid is (n_kv_head *
+   n_dec_tiles): blocks next to each other, running at the same time, read the pieces of the
+   same rows (DRAM pages opened once) and the same tile and block-table entries. The work of
+   a block, and so its result, is the same either way. */
+static __device__ __forceinline__ void s_dec_block(int n_kv_head, int *tile, int *kvh)
+{
+    if (gridDim.y == 1)
+        *tile = (int)(blockIdx.x / (unsigned)n_kv_head), *kvh = (int)(blockIdx.x % n_kv_head);
+    else
+        *tile = (int)blockIdx.x, *kvh = (int)blockIdx.y;
+}
+
 template <int HD, int G, typename T>
 static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     s_attn_decode_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
                          const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) T */,
                          const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
+                         int n_dec_tiles /* the persistent mma kernel's; unused here */,
                          const int *tok_part /* (n_tok) */, const int *seq_ctx /* (n_seq) */,
                          const int *block_tables /* (n_seq, mb) */, int max_blocks,
                          int block_size, int n_head, int n_kv_head, float scale,
                          float *part_o /* (n_parts, n_head, HD) f32 */,
-                         float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+                         float2 *part_ml /* (n_parts, n_head) {max, sum} */,
+                         float *fuse_out /* (n_tok, n_head, HD) f32, or NULL */,
+                         const int *tok_nsplit /* (n_tok) */,
+                         unsigned *counters /* (n_tok, n_kv_head) */)
 {
     constexpr int PER = HD / 32;
     __shared__ float qs[G][HD];
@@ -448,10 +550,12 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
        it is read before the PDL wait: the chain tile -> context -> table -> cache row overlaps
        the kernel before, and after the wait only the cache and q remain (at batch 1 a block's
        time is its chain of dependent round trips, not bandwidth). */
-    const int4 tl = tiles[blockIdx.x];
+    int ti, kvh;
+    s_dec_block(n_kv_head, &ti, &kvh);
+    const int4 tl = tiles[ti];
     if (tl.z == 0)
         return; /* an empty tile of a graph step's fixed layout (block-uniform) */
-    const int kvh = blockIdx.y, seq = tl.x, tok = tl.y, split = tl.w;
+    const int seq = tl.x, tok = tl.y, split = tl.w;
     const int key_begin = split * ECU_ATTN_SPLIT;
     const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[seq]);
     const int *table = block_tables + (size_t)seq * max_blocks;
@@ -560,6 +664,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         s_warps_merge<G>(wm, wl, g, [&](int w) { return wo[w][g][d]; }, part_o, part_ml,
                          pi0 + g, HD, d);
     }
+    if (fuse_out)
+        s_decode_combine<G>(fuse_out, part_o, part_ml, tok_part, tok_nsplit, counters, tok, kvh,
+                            n_head, n_kv_head, HD);
 }
 
 /* ---- Tensor-core decode (st->attn_mma, the default): bf16 or fp8 KV, G = 4 or 8 ----
@@ -664,19 +771,40 @@ static __device__ __forceinline__ void s_vpairs(const unsigned (&r0)[VW],
     }
 }
 
-template <int HD, int G, typename T>
-static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
+/* VL (st->attn_vlate, the default; ANVIL_CUDA_ATTN_VLATE=0 for the A/B): V rows are loaded
+   after q.k (their round trip overlapping the softmax) instead of with K, so K's and V's
+   registers are not live at once (bf16 at head_dim 128 held 164 registers, 3 blocks an SM);
+   two round trips a warp, at 4 blocks an SM. The same values reach the same arithmetic. On the
+   H200 (bench_ab, graphs): batch 256 x 2k bf16 KV 8243 -> 8463 tok/s, fp8 10574 -> 11104.
+   PS (ANVIL_CUDA_ATTN_PERSIST=1, st->attn_persist; the A/B): a persistent grid (the blocks
+   that fit at once) walks the items (tile, KV head), KV heads inner, gridDim.x apart. A
+   block looks up its next item (tile, context, block table: the chain of dependent reads
+   that each block of the one-shot grid waits through before its first cache load) while the
+   current item's K and V rows are on their way, and issues the next item's K and V as soon as
+   p.v has used the current ones, so their round trip overlaps the current item's merge and
+   partial writes. No block launch an item. Each item's arithmetic is the one-shot kernel's,
+   so the partials are the same bits. Launch bounds of 3 blocks an SM for bf16 (head_dim 128,
+   G 4: 168 registers, no spills; unbounded it took 205, 2 blocks) and 4 for fp8 (128
+   registers, 24 bytes spilled). */
+template <int HD, int G, typename T, bool VL = false, bool PS = false>
+static __global__ void
+__launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : PS ? (sizeof(T) == 1 ? 4 : 3) : 1)
     s_attn_decode_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
                              const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
                              const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
-                             const int *tok_part /* (n_tok) */, const int *seq_ctx /* (n_seq) */,
+                             int n_dec_tiles, const int *tok_part /* (n_tok) */,
+                             const int *seq_ctx /* (n_seq) */,
                              const int *block_tables /* (n_seq, mb) */, int max_blocks,
                              int block_size, int n_head, int n_kv_head, float scale,
                              float *part_o /* (n_parts, n_head, HD) f32 */,
-                             float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+                             float2 *part_ml /* (n_parts, n_head) {max, sum} */,
+                             float *fuse_out /* (n_tok, n_head, HD) f32, or NULL */,
+                             const int *tok_nsplit /* (n_tok) */,
+                             unsigned *counters /* (n_tok, n_kv_head) */)
 {
     static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
     static_assert(sizeof(T) <= 2, "the mma decode takes bf16 or fp8 KV");
+    static_assert(!(VL && PS), "the persistent decode loads V with K");
     constexpr bool F8 = sizeof(T) == 1;
     constexpr int KS = HD / 16;                    /* k-steps of q.k */
     constexpr int DQ = HD / 4;                     /* dims of a K row a lane loads */
@@ -691,157 +819,213 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     __shared__ __align__(16) float wo[ECU_ATTN_WARPS][8 * WS]; /* (dim, 8 columns) */
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-    ecu_pdl_trigger();
-    const int4 tl = tiles[blockIdx.x]; /* read before the PDL wait, see the FMA kernel */
-    if (tl.z == 0)
-        return;
-    const int kvh = blockIdx.y, seq = tl.x, tok = tl.y, split = tl.w;
-    const int key_begin = split * ECU_ATTN_SPLIT;
-    const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[seq]);
-    const int *table = block_tables + (size_t)seq * max_blocks;
     const size_t kv_row = (size_t)n_kv_head * HD;
-    const int wbase = key_begin + warp * 32, nvalid = max(0, min(32, key_end - wbase));
-    const int key = wbase + lane;
-    const int pos = lane < nvalid ? table[key / block_size] * block_size + key % block_size : 0;
-    ecu_pdl_wait();
+    ecu_pdl_trigger();
 
+    /* An item's tile and the lane's cache position (key wbase + lane, 0 past the context),
+       from the plan alone: false for an empty tile of a graph step's layout (block-uniform) */
+    auto resolve = [&](int ti, int h, s_dec_item_t &it) -> bool {
+        const int4 tl = tiles[ti];
+        if (tl.z == 0)
+            return false;
+        const int key_begin = tl.w * ECU_ATTN_SPLIT;
+        const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[tl.x]);
+        const int wbase = key_begin + warp * 32, key = wbase + lane;
+        const int *table = block_tables + (size_t)tl.x * max_blocks;
+        it.kvh = h, it.tok = tl.y, it.split = tl.w;
+        it.nvalid = max(0, min(32, key_end - wbase));
+        it.pos = lane < it.nvalid ? table[key / block_size] * block_size + key % block_size : 0;
+        return true;
+    };
+    /* PS: the block's first non-empty item at or after index *at (gridDim.x apart) */
+    const int n_items = n_dec_tiles * n_kv_head;
+    auto next_item = [&](int *at, s_dec_item_t &it) -> bool {
+        for (; *at < n_items; *at += gridDim.x)
+            if (resolve(*at / n_kv_head, *at % n_kv_head, it))
+                return true;
+        return false;
+    };
     /* K rows of keys 8 t + g (the lane's quarter tig), V rows of keys 16 s + 8 h + 2 tig + c
        (the lane's eighth g); rows past the context are zeros (no NaN reaches the mma) */
     unsigned kw[4][KW], vw[2][2][2][VW];
-    const T *kb = k_cache + (size_t)kvh * HD + tig * DQ, *vb = v_cache + (size_t)kvh * HD + g * DV;
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-        const int kk = 8 * t + g, p = __shfl_sync(full, pos, kk);
-        s_ldw<KW>(kw[t], kb + (size_t)p * kv_row, kk < nvalid);
-    }
-#pragma unroll
-    for (int s = 0; s < 2; s++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int kk = 16 * s + 8 * h + 2 * tig + c, p = __shfl_sync(full, pos, kk);
-                s_ldw<VW>(vw[s][h][c], vb + (size_t)p * kv_row, kk < nvalid);
-            }
-    /* q's A fragments: {hi, lo} of dims (4 s, 4 s + 1) then of (4 s + 2, 4 s + 3) of the
-       quarter tig, heads g < G (rows past G are zeros) */
-    for (int idx = threadIdx.x; idx < KS * 32; idx += blockDim.x) {
-        const int s = idx >> 5, ln = idx & 31, gg = ln >> 2, tt = ln & 3;
-        uint4 f = make_uint4(0, 0, 0, 0);
-        if (gg < G) {
-            const float4 x =
-                *(const float4 *)(q + ((size_t)tok * n_head + kvh * G + gg) * HD + tt * DQ + 4 * s);
-            s_hilo<T>(x.x * scale, x.y * scale, f.x, f.y);
-            s_hilo<T>(x.z * scale, x.w * scale, f.z, f.w);
-        }
-        qf[s][ln] = f;
-    }
-    __syncthreads();
-
-    /* q.k: four n-tiles of 8 keys */
-    float sacc[4][4];
-#pragma unroll
-    for (int t = 0; t < 4; t++)
-        sacc[t][0] = sacc[t][1] = sacc[t][2] = sacc[t][3] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < KS; s++) {
-        const uint4 a = qf[s][lane];
+    auto load_k = [&](const s_dec_item_t &it) {
+        const T *kb = k_cache + (size_t)it.kvh * HD + tig * DQ;
 #pragma unroll
         for (int t = 0; t < 4; t++) {
-            unsigned b0, b1;
-            if constexpr (F8)
-                b0 = s_e4m3x2_h2(kw[t][s]), b1 = s_e4m3x2_h2(kw[t][s] >> 16);
-            else
-                b0 = kw[t][2 * s], b1 = kw[t][2 * s + 1];
-            s_mma16816<T>(sacc[t], a.x, a.y, a.z, a.w, b0, b1);
+            const int kk = 8 * t + g, p = __shfl_sync(full, it.pos, kk);
+            s_ldw<KW>(kw[t], kb + (size_t)p * kv_row, kk < it.nvalid);
         }
+    };
+    auto load_v = [&](const s_dec_item_t &it) {
+        const T *vb = v_cache + (size_t)it.kvh * HD + g * DV;
+#pragma unroll
+        for (int s = 0; s < 2; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int kk = 16 * s + 8 * h + 2 * tig + c, p = __shfl_sync(full, it.pos, kk);
+                    s_ldw<VW>(vw[s][h][c], vb + (size_t)p * kv_row, kk < it.nvalid);
+                }
+    };
+
+    /* the plan is read before the PDL wait, see the FMA kernel */
+    s_dec_item_t cur;
+    int at = blockIdx.x;
+    if constexpr (PS) {
+        if (!next_item(&at, cur))
+            return;
+    } else {
+        int ti, h;
+        s_dec_block(n_kv_head, &ti, &h);
+        if (!resolve(ti, h, cur))
+            return;
     }
-    /* softmax of query g over the warp's 32 keys: the lane holds keys 8 t + 2 tig + c, the
-       other three of its group the rest */
-    float pr[4][2], mx = -INFINITY, l = 0.0f;
-#pragma unroll
-    for (int t = 0; t < 4; t++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const bool ok = 8 * t + 2 * tig + c < nvalid;
-            pr[t][c] = ok ? sacc[t][c] + sacc[t][2 + c] : -INFINITY;
-            mx = fmaxf(mx, pr[t][c]);
+    ecu_pdl_wait();
+    load_k(cur);
+    if constexpr (!VL)
+        load_v(cur);
+    for (;;) {
+        /* q's A fragments: {hi, lo} of dims (4 s, 4 s + 1) then of (4 s + 2, 4 s + 3) of the
+           quarter tig, heads g < G (rows past G are zeros) */
+        for (int idx = threadIdx.x; idx < KS * 32; idx += blockDim.x) {
+            const int s = idx >> 5, ln = idx & 31, gg = ln >> 2, tt = ln & 3;
+            uint4 f = make_uint4(0, 0, 0, 0);
+            if (gg < G) {
+                const float4 x = *(const float4 *)(q + ((size_t)cur.tok * n_head +
+                                                        cur.kvh * G + gg) * HD + tt * DQ + 4 * s);
+                s_hilo<T>(x.x * scale, x.y * scale, f.x, f.y);
+                s_hilo<T>(x.z * scale, x.w * scale, f.z, f.w);
+            }
+            qf[s][ln] = f;
         }
-    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 2));
-#pragma unroll
-    for (int t = 0; t < 4; t++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            pr[t][c] = pr[t][c] == -INFINITY ? 0.0f : __expf(pr[t][c] - mx);
-            l += pr[t][c];
+        /* PS: the next item's plan reads, while this item's rows are on their way */
+        s_dec_item_t nxt;
+        bool more = false;
+        if constexpr (PS) {
+            at += gridDim.x;
+            more = next_item(&at, nxt);
         }
-    l += __shfl_xor_sync(full, l, 1);
-    l += __shfl_xor_sync(full, l, 2);
-    /* B of p.v, k-step s: rows 2 tig + c from n-tile 2 s, rows 8 + 2 tig + c from 2 s + 1 */
-    unsigned ph[2][2], pl[2][2];
+        __syncthreads();
+
+        /* q.k: four n-tiles of 8 keys */
+        float sacc[4][4];
 #pragma unroll
-    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < 4; t++)
+            sacc[t][0] = sacc[t][1] = sacc[t][2] = sacc[t][3] = 0.0f;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            s_hilo<T>(pr[2 * s + h][0], pr[2 * s + h][1], ph[s][h], pl[s][h]);
-            if constexpr (G <= 4) { /* columns 4..7: p_lo of query g - 4, from lane ^ 16 */
-                const unsigned o = __shfl_xor_sync(full, pl[s][h], 16);
-                ph[s][h] = g < 4 ? ph[s][h] : o;
+        for (int s = 0; s < KS; s++) {
+            const uint4 a = qf[s][lane];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                unsigned b0, b1;
+                if constexpr (F8)
+                    b0 = s_e4m3x2_h2(kw[t][s]), b1 = s_e4m3x2_h2(kw[t][s] >> 16);
+                else
+                    b0 = kw[t][2 * s], b1 = kw[t][2 * s + 1];
+                s_mma16816<T>(sacc[t], a.x, a.y, a.z, a.w, b0, b1);
             }
         }
+        if constexpr (VL) /* K is used up: V's round trip overlaps the softmax */
+            load_v(cur);
+        /* softmax of query g over the warp's 32 keys: the lane holds keys 8 t + 2 tig + c,
+           the other three of its group the rest */
+        float pr[4][2], mx = -INFINITY, l = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const bool ok = 8 * t + 2 * tig + c < cur.nvalid;
+                pr[t][c] = ok ? sacc[t][c] + sacc[t][2 + c] : -INFINITY;
+                mx = fmaxf(mx, pr[t][c]);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(full, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(full, mx, 2));
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                pr[t][c] = pr[t][c] == -INFINITY ? 0.0f : __expf(pr[t][c] - mx);
+                l += pr[t][c];
+            }
+        l += __shfl_xor_sync(full, l, 1);
+        l += __shfl_xor_sync(full, l, 2);
+        /* B of p.v, k-step s: rows 2 tig + c from n-tile 2 s, rows 8 + 2 tig + c from 2 s + 1 */
+        unsigned ph[2][2], pl[2][2];
+#pragma unroll
+        for (int s = 0; s < 2; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                s_hilo<T>(pr[2 * s + h][0], pr[2 * s + h][1], ph[s][h], pl[s][h]);
+                if constexpr (G <= 4) { /* columns 4..7: p_lo of query g - 4, from lane ^ 16 */
+                    const unsigned o = __shfl_xor_sync(full, pl[s][h], 16);
+                    ph[s][h] = g < 4 ? ph[s][h] : o;
+                }
+            }
 
-    /* p.v: m-tile i holds dims g DV + i (rows g) and g DV + MT + i (rows g + 8) */
-    float oacc[MT][4], oacc2[G > 4 ? MT : 1][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-        if constexpr (G > 4)
-            oacc2[i][0] = oacc2[i][1] = oacc2[i][2] = oacc2[i][3] = 0.0f;
-    }
-#pragma unroll
-    for (int s = 0; s < 2; s++) {
-        unsigned a0[DV], a1[DV];
-        s_vpairs<T, VW>(vw[s][0][0], vw[s][0][1], a0);
-        s_vpairs<T, VW>(vw[s][1][0], vw[s][1][1], a1);
+        /* p.v: m-tile i holds dims g DV + i (rows g) and g DV + MT + i (rows g + 8) */
+        float oacc[MT][4], oacc2[G > 4 ? MT : 1][4];
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            s_mma16816<T>(oacc[i], a0[i], a0[MT + i], a1[i], a1[MT + i], ph[s][0], ph[s][1]);
+            oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
             if constexpr (G > 4)
-                s_mma16816<T>(oacc2[i], a0[i], a0[MT + i], a1[i], a1[MT + i], pl[s][0],
-                              pl[s][1]);
+                oacc2[i][0] = oacc2[i][1] = oacc2[i][2] = oacc2[i][3] = 0.0f;
         }
-    }
-    /* the warp's (dim, column) results into shared memory; columns: query n (G = 8: hi + lo
-       summed here), or for G <= 4 hi of query n < 4 and lo of query n - 4 */
-    float *wow = wo[warp] + g * WS + 2 * tig;
 #pragma unroll
-    for (int i = 0; i < MT; i++) {
-        float2 r0 = make_float2(oacc[i][0], oacc[i][1]), r8 = make_float2(oacc[i][2], oacc[i][3]);
-        if constexpr (G > 4) {
-            r0.x += oacc2[i][0], r0.y += oacc2[i][1], r8.x += oacc2[i][2], r8.y += oacc2[i][3];
+        for (int s = 0; s < 2; s++) {
+            unsigned a0[DV], a1[DV];
+            s_vpairs<T, VW>(vw[s][0][0], vw[s][0][1], a0);
+            s_vpairs<T, VW>(vw[s][1][0], vw[s][1][1], a1);
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                s_mma16816<T>(oacc[i], a0[i], a0[MT + i], a1[i], a1[MT + i], ph[s][0],
+                              ph[s][1]);
+                if constexpr (G > 4)
+                    s_mma16816<T>(oacc2[i], a0[i], a0[MT + i], a1[i], a1[MT + i], pl[s][0],
+                                  pl[s][1]);
+            }
         }
-        *(float2 *)(wow + i * 8) = r0;        /* dim g DV + i */
-        *(float2 *)(wow + (MT + i) * 8) = r8; /* dim g DV + MT + i */
-    }
-    if (tig == 0 && g < G)
-        wm[warp][g] = nvalid > 0 ? mx : -INFINITY, wl[warp][g] = l;
-    __syncthreads();
-    const size_t pi0 = (size_t)(tok_part[tok] + split) * n_head + kvh * G;
-    for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
-        const int qg = idx / HD, d = idx % HD, at = (d / DV) * WS + (d % DV) * 8 + qg;
-        s_warps_merge<G>(wm, wl, qg, [&](int w) {
-            return G <= 4 ? wo[w][at] + wo[w][at + 4] : wo[w][at];
-        }, part_o, part_ml, pi0 + qg, HD, d);
+        /* the warp's (dim, column) results into shared memory; columns: query n (G = 8: hi +
+           lo summed here), or for G <= 4 hi of query n < 4 and lo of query n - 4 */
+        float *wow = wo[warp] + g * WS + 2 * tig;
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            float2 r0 = make_float2(oacc[i][0], oacc[i][1]);
+            float2 r8 = make_float2(oacc[i][2], oacc[i][3]);
+            if constexpr (G > 4) {
+                r0.x += oacc2[i][0], r0.y += oacc2[i][1];
+                r8.x += oacc2[i][2], r8.y += oacc2[i][3];
+            }
+            *(float2 *)(wow + i * 8) = r0;        /* dim g DV + i */
+            *(float2 *)(wow + (MT + i) * 8) = r8; /* dim g DV + MT + i */
+        }
+        if (tig == 0 && g < G)
+            wm[warp][g] = cur.nvalid > 0 ? mx : -INFINITY, wl[warp][g] = l;
+        __syncthreads();
+        /* PS: K and V are used up; the next item's rows go out now, their round trip
+           overlapping this item's merge, partial writes and (fused) combine */
+        if (more) {
+            load_k(nxt);
+            load_v(nxt);
+        }
+        const size_t pi0 = (size_t)(tok_part[cur.tok] + cur.split) * n_head + cur.kvh * G;
+        for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+            const int qg = idx / HD, d = idx % HD, at2 = (d / DV) * WS + (d % DV) * 8 + qg;
+            s_warps_merge<G>(wm, wl, qg, [&](int w) {
+                return G <= 4 ? wo[w][at2] + wo[w][at2 + 4] : wo[w][at2];
+            }, part_o, part_ml, pi0 + qg, HD, d);
+        }
+        if (fuse_out)
+            s_decode_combine<G>(fuse_out, part_o, part_ml, tok_part, tok_nsplit, counters,
+                                cur.tok, cur.kvh, n_head, n_kv_head, HD);
+        if (!more)
+            break;
+        cur = nxt;
+        __syncthreads(); /* qf, wo, wm and wl are written again */
     }
 }
 
-#define ECU_ATTN_CHUNK 128 /* splits whose weights the combine holds in shared memory at once */
-
-/* One block (blockDim.x = head_dim, a multiple of 32) per (token, head): the max over the
-   token's splits, then each chunk of splits' weights exp(m_i - max) once into shared memory
-   (not once per dimension), the weighted partials summed in split order and normalised by
-   the sum of l_i * weight_i (a block sum: fixed order for a given number of splits). */
+/* One block (blockDim.x = head_dim) per (token, head): s_combine_head. */
 static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f32 */,
                                              const float *part_o /* (n_parts, n_head, hd) */,
                                              const float2 *part_ml /* (n_parts, n_head) */,
@@ -850,32 +1034,10 @@ static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f
 {
     __shared__ float wt[ECU_ATTN_CHUNK], red[32];
     ecu_pdl_trigger();
-    const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const int t = blockIdx.x, h = blockIdx.y;
     const int base = tok_part[t], ns = tok_nsplit[t];
     ecu_pdl_wait();
-    float mx = -INFINITY;
-    for (int i = d; i < ns; i += blockDim.x)
-        mx = fmaxf(mx, part_ml[(size_t)(base + i) * n_head + h].x);
-    mx = ecu_block_max(mx, red);
-    float sum = 0.0f, acc = 0.0f;
-    for (int c0 = 0; c0 < ns; c0 += ECU_ATTN_CHUNK) {
-        const int nc = min(ECU_ATTN_CHUNK, ns - c0);
-        __syncthreads(); /* the previous chunk's weights are used up */
-        for (int i = d; i < nc; i += blockDim.x) {
-            const float2 ml = part_ml[(size_t)(base + c0 + i) * n_head + h];
-            const float w = ml.x == -INFINITY ? 0.0f : __expf(ml.x - mx);
-            wt[i] = w;
-            sum += ml.y * w;
-        }
-        __syncthreads();
-        const float *po = part_o + ((size_t)(base + c0) * n_head + h) * head_dim + d;
-        const size_t stride = (size_t)n_head * head_dim;
-#pragma unroll 4
-        for (int i = 0; i < nc; i++)
-            acc += po[i * stride] * wt[i];
-    }
-    sum = ecu_block_sum(sum, red);
-    out[((size_t)t * n_head + h) * head_dim + d] = sum > 0.0f ? acc / sum : 0.0f;
+    s_combine_head(out, part_o, part_ml, base, ns, t, h, n_head, head_dim, wt, red);
 }
 
 template <int HD, int RPW, typename T>
@@ -921,16 +1083,33 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
                                 const void *kc, const void *vc, int n_head, int n_kv_head,
                                 int block_size)
 {
-    dim3 grid(p->n_dec_tiles, n_kv_head);
-    auto kernel = s_attn_decode_kernel<HD, G, T>; /* the two decode kernels share a signature */
+    dim3 grid = st->attn_kv_inner ? dim3((unsigned)(p->n_dec_tiles * n_kv_head))
+                                  : dim3(p->n_dec_tiles, n_kv_head);
+    auto kernel = s_attn_decode_kernel<HD, G, T>; /* the decode kernels share a signature */
     if constexpr ((G == 4 || G == 8) && sizeof(T) <= 2)
-        if (st->attn_mma)
-            kernel = s_attn_decode_mma_kernel<HD, G, T>;
+        if (st->attn_mma) {
+            if (st->attn_persist) {
+                /* as many blocks as fit at once (asked once per instantiation) */
+                static int per_sm = 0;
+                kernel = s_attn_decode_mma_kernel<HD, G, T, false, true>;
+                if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                        &per_sm, kernel, ECU_ATTN_WARPS * 32, 0) != cudaSuccess ||
+                                    per_sm <= 0))
+                    per_sm = 1;
+                const long items = (long)p->n_dec_tiles * n_kv_head;
+                const long slots = (long)st->n_sm * per_sm;
+                grid = dim3((unsigned)(items < slots ? items : slots));
+            } else {
+                kernel = st->attn_vlate ? s_attn_decode_mma_kernel<HD, G, T, true>
+                                        : s_attn_decode_mma_kernel<HD, G, T>;
+            }
+        }
     ECU_CHECK(ecu_launch(st, kernel, grid, dim3(ECU_ATTN_WARPS * 32), 0, q, (const T *)kc,
-                         (const T *)vc, (const int4 *)p->tiles, p->tok_part, p->seq_ctx,
-                         p->block_tables, p->max_blocks, block_size, n_head, n_kv_head,
-                         1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
-                         (float2 *)st->part_ml.ptr));
+                         (const T *)vc, (const int4 *)p->tiles, p->n_dec_tiles, p->tok_part,
+                         p->seq_ctx, p->block_tables, p->max_blocks, block_size, n_head,
+                         n_kv_head, 1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
+                         (float2 *)st->part_ml.ptr, st->attn_fuse_out, p->tok_nsplit,
+                         (unsigned *)st->attn_cnt.ptr));
     return 0;
 }
 
@@ -989,6 +1168,20 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
     ECU_TRY(ecu_attn_plan(st, batch, n_head, head_dim, &p));
     ECU_TRY(ecu_buf_reserve(&st->part_o, (size_t)p->n_parts * n_head * head_dim * 4));
     ECU_TRY(ecu_buf_reserve(&st->part_ml, (size_t)p->n_parts * n_head * sizeof(float2)));
+    /* the fused combine (s_decode_combine): decode tiles of 1, 2, 4 or 8 query heads a KV head
+       at head_dim 128 (a thread a dimension) merge their own partials; the combine kernel then
+       runs only when prefill tiles need it (and rewrites the decode tokens' same bits) */
+    const int G = n_head / n_kv_head;
+    const bool fuse = st->attn_fuse && head_dim == ECU_ATTN_WARPS * 32 && p->n_dec_tiles > 0 &&
+                      (G == 1 || G == 2 || G == 4 || G == 8);
+    st->attn_fuse_out = NULL;
+    if (fuse) {
+        void *was = st->attn_cnt.ptr;
+        ECU_TRY(ecu_buf_reserve(&st->attn_cnt, (size_t)p->n_tok * n_kv_head * sizeof(unsigned)));
+        if (st->attn_cnt.ptr != was) /* new memory: the counters start at 0 */
+            ECU_CHECK(cudaMemsetAsync(st->attn_cnt.ptr, 0, st->attn_cnt.bytes, st->stream));
+        st->attn_fuse_out = out;
+    }
     int rc;
 #define ECU_ATTN_KV(HD)                                                                        \
     (be->kv_dtype == ENG_DTYPE_BF16                                                            \
@@ -1001,8 +1194,11 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
                                        block_size))
     rc = head_dim == 64 ? ECU_ATTN_KV(64) : ECU_ATTN_KV(128);
 #undef ECU_ATTN_KV
+    st->attn_fuse_out = NULL;
     if (rc)
         return rc;
+    if (fuse && p->n_tiles == p->n_dec_tiles)
+        return 0;
     dim3 grid(p->n_tok, n_head);
     ECU_CHECK(ecu_launch(st, s_attn_combine_kernel, grid, dim3(head_dim), 0, out,
                          (const float *)st->part_o.ptr, (const float2 *)st->part_ml.ptr,

@@ -125,10 +125,21 @@ static void *s_alloc(eng_backend_t *be, size_t bytes)
     return p;
 }
 
+/* Freed memory may have held weights: the successor prefetch forgets what it learned (it
+   must not prefetch from a freed range). */
+static void s_pf_forget(eng_backend_t *be)
+{
+    ecu_state_t *st = ecu_st(be);
+    memset(st->pf, 0, sizeof(st->pf));
+    st->pf_last = NULL;
+}
+
 static void s_free(eng_backend_t *be, void *ptr)
 {
-    if (ptr)
+    if (ptr) {
+        s_pf_forget(be);
         cudaFree(ptr);
+    }
 }
 
 static int s_stage_submit(void *ctx, int b, void *dst, size_t n)
@@ -192,8 +203,10 @@ static void *s_weight(eng_backend_t *be, const void *host, size_t bytes)
 
 static void s_weight_release(eng_backend_t *be, void *ptr)
 {
-    if (ptr)
+    if (ptr) {
+        s_pf_forget(be);
         cudaFree(ptr);
+    }
 }
 
 /* A checkpoint tensor into device memory the caller allocated (stacked weights), through the
@@ -252,6 +265,7 @@ int ecu_prepare(eng_backend_t *be, const eng_step_t *step)
     ecu_state_t *st = ecu_st(be);
     st->step_valid = 0;
     st->plan_prepared = 0;
+    st->rope_tab_ok = 0;
     if (!step)
         return 0;
     int n = step->n_tok > 0 ? step->n_tok : 0, nr = step->n_rows > 0 ? step->n_rows : 0;
@@ -426,6 +440,7 @@ static void s_destroy(eng_backend_t **be_p)
                 cudaEventDestroy(st->stage_ev[i]);
         }
         ecu_buf_release(&st->lt_ws);
+        ecu_buf_release(&st->lt_tune_out);
         ecu_buf_release(&st->xconv);
         ecu_buf_release(&st->lin_x);
         ecu_buf_release(&st->lin_y);
@@ -433,8 +448,10 @@ static void s_destroy(eng_backend_t **be_p)
             ecu_buf_release(&st->idx[i]);
         ecu_buf_release(&st->step_dev);
         ecu_buf_release(&st->plan_dev);
+        ecu_buf_release(&st->rope_tab);
         ecu_buf_release(&st->part_o);
         ecu_buf_release(&st->part_ml);
+        ecu_buf_release(&st->attn_cnt);
         ecu_buf_release(&st->samp_params);
         ecu_buf_release(&st->samp_out);
         ecu_buf_release_host(&st->samp_host);
@@ -482,6 +499,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         goto fail;
     }
     st->n_sm = prop.multiProcessorCount;
+    st->smem_per_sm = prop.sharedMemPerMultiprocessor ? prop.sharedMemPerMultiprocessor : 1;
     {
         /* programmatic dependent launch needs sm_90; ANVIL_CUDA_PDL=0 turns it off (A/B) */
         const char *pdl = getenv("ANVIL_CUDA_PDL");
@@ -489,12 +507,53 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_PERSIST=0: a block per row group for every GEMV (A/B, matmul.cu) */
         const char *gp = getenv("ANVIL_CUDA_GEMV_PERSIST");
         st->gemv_persist = !(gp && strcmp(gp, "0") == 0);
+        /* ANVIL_CUDA_GEMV_RING=1: the GEMV streams its weights through a cp.async ring in
+           shared memory (matmul.cu; A/B) */
+        const char *gr = getenv("ANVIL_CUDA_GEMV_RING");
+        st->gemv_ring = gr && strcmp(gr, "1") == 0;
+        /* ANVIL_CUDA_GEMV_WAVES: resident waves the GEMV's column segments aim for (2.5) */
+        const char *gw = getenv("ANVIL_CUDA_GEMV_WAVES");
+        st->gemv_waves2 = gw && atof(gw) >= 0.5 && atof(gw) <= 64 ? (int)(atof(gw) * 2) : 5;
+        /* ANVIL_CUDA_GEMV_FOLD=1: the norm folded into W as it is read at every batch, no
+           staged input (matmul.cu; A/B) */
+        const char *gf = getenv("ANVIL_CUDA_GEMV_FOLD");
+        st->gemv_fold = gf && strcmp(gf, "1") == 0;
+        /* ANVIL_CUDA_PREFETCH_MB=M: a GEMV's last blocks prefetch the first M MB of the next
+           product's weights into L2 (matmul.cu; off by default, the A/B) */
+        const char *pm = getenv("ANVIL_CUDA_PREFETCH_MB");
+        st->pf_max = pm && atoi(pm) > 0 && atoi(pm) <= 1024 ? (size_t)atoi(pm) << 20 : 0;
         /* decode attention on tensor cores for bf16 / fp8 KV and 4 or 8 query heads a KV head
            (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
         st->attn_mma = !(am && strcmp(am, "0") == 0);
+        /* the tensor-core decode loads V after q.k (fewer registers, more blocks an SM;
+           attention.cu): on the H200 +2.7 % (bf16 KV) and +4.9 % (fp8) at batch 256 x 2k, +2.2 %
+           at batch 256, level at batch 1. ANVIL_CUDA_ATTN_VLATE=0 loads V with K (A/B) */
+        const char *av = getenv("ANVIL_CUDA_ATTN_VLATE");
+        st->attn_vlate = !(av && strcmp(av, "0") == 0);
+        /* ANVIL_CUDA_LT_TUNE=1: the first cuBLASLt product of a decode shape times the
+           heuristic's candidates and keeps the fastest (matmul.cu; A/B) */
+        const char *lt = getenv("ANVIL_CUDA_LT_TUNE");
+        st->lt_tune = lt && strcmp(lt, "1") == 0;
+        /* ANVIL_CUDA_ATTN_KV_INNER=1: the decode kernels' blocks run the KV heads of a tile
+           next to each other (a position's cache row read at once; attention.cu; A/B) */
+        const char *ak = getenv("ANVIL_CUDA_ATTN_KV_INNER");
+        st->attn_kv_inner = ak && strcmp(ak, "1") == 0;
+        /* ANVIL_CUDA_ATTN_PERSIST=1: the tensor-core decode on a persistent grid, each block
+           fetching its next item's rows while it finishes the current one (attention.cu;
+           A/B; takes precedence over VLATE) */
+        const char *ap = getenv("ANVIL_CUDA_ATTN_PERSIST");
+        st->attn_persist = ap && strcmp(ap, "1") == 0;
+        /* ANVIL_CUDA_ATTN_FUSE=1: the last decode block of a token merges its partials (no
+           combine kernel for decode; attention.cu; A/B) */
+        const char *af = getenv("ANVIL_CUDA_ATTN_FUSE");
+        st->attn_fuse = af && strcmp(af, "1") == 0;
+        /* ANVIL_CUDA_SAMPLE_LIST=0: the sampler's later passes read the whole row instead of
+           the candidates compacted after two radix bytes (softmax.cu; A/B) */
+        const char *sl = getenv("ANVIL_CUDA_SAMPLE_LIST");
+        st->sample_list = !(sl && strcmp(sl, "0") == 0);
         /* blocks a row of the sampler: 0 = by batch (a cluster of 8 on sm_90 while the
-           rows' clusters fit in two blocks an SM, see ecu_sample); ANVIL_CUDA_SAMPLE_BLOCKS=1
+           rows' clusters are resident at once, see ecu_sample); ANVIL_CUDA_SAMPLE_BLOCKS=1
            or 8 fixes it (A/B) */
         const char *sb = getenv("ANVIL_CUDA_SAMPLE_BLOCKS");
         st->sample_blocks = prop.major >= 9 ? 0 : 1;
@@ -541,15 +600,25 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->swiglu_fused = ecu_swiglu_fused;
     be->linear = ecu_linear;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, decode "
-             "attention %s, sampler %s",
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, prefetch %zu "
+             "MB%s, decode attention %s%s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
-             st->gemv_persist ? "persistent (staged norm)" : "a block a group",
+             st->gemv_ring      ? "persistent, cp.async ring"
+             : st->gemv_fold    ? "a block a group, norm folded"
+             : st->gemv_persist ? "persistent (staged norm)"
+                                : "a block a group",
+             st->pf_max >> 20, st->lt_tune ? ", cuBLASLt tuned per decode shape" : "",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
-             st->sample_blocks == 0   ? "8 blocks a row up to 2 x SMs / 8 rows, then 1"
+             st->attn_mma && st->attn_persist ? ", persistent"
+             : st->attn_mma && st->attn_vlate ? ", V after q.k"
+                                              : "",
+             st->attn_fuse ? ", fused combine" : "",
+             st->attn_kv_inner ? ", KV heads inner" : "",
+             st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
-                                      : "8 blocks a row");
+                                      : "8 blocks a row",
+             st->sample_list ? ", candidate list" : ", whole-row passes");
     return be;
 fail:
     s_destroy(&be);

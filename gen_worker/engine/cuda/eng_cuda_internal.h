@@ -117,17 +117,38 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;
 } ecu_lt_algo_t;
 
+/* The successor prefetch (matmul.cu): what followed a weight matrix in the products the
+   last time, learned as they run. */
+#define ECU_PF_SLOTS 512
+typedef struct {
+    const void *w, *next;
+    size_t next_bytes;
+} ecu_pf_t;
+
 typedef struct {
     int device;
     int n_sm;
+    size_t smem_per_sm;         /* shared memory an SM can hold (bytes) */
     int pdl;                    /* launch decode kernels with programmatic dependent launch */
     int gemv_persist;           /* persistent grid for the staged-norm GEMVs (matmul.cu) */
+    int gemv_ring;              /* the cp.async ring GEMV (matmul.cu) */
+    int gemv_waves2;            /* resident waves x 2 the GEMV's segments aim for (matmul.cu) */
+    int gemv_fold;              /* small batches fold the norm into W too (matmul.cu; A/B) */
+    size_t pf_max;              /* bytes of the next product's weights a GEMV prefetches into
+                                   L2 as its blocks end (0: off; ANVIL_CUDA_PREFETCH_MB) */
+    ecu_pf_t pf[ECU_PF_SLOTS];  /* weight -> the weight of the product after it */
+    const void *pf_last;        /* the last product's weight */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
+    int attn_vlate;             /* ... loading V after the softmax (attention.cu; default) */
+    int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
+    int attn_persist;           /* persistent, pipelined mma decode (attention.cu; A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;
     ecu_lt_algo_t lt_cache[ECU_LT_CACHE];
     int lt_next;
+    int lt_tune;                /* time cuBLASLt's candidates per decode shape (matmul.cu) */
+    ecu_buf_t lt_tune_out;      /* ... their scratch output */
 
     ecu_buf_t xconv;            /* activations rounded for cuBLASLt */
     ecu_buf_t lin_x, lin_y;     /* linear() composed op by op: normalised input, product */
@@ -145,10 +166,21 @@ typedef struct {
     ecu_buf_t plan_dev;
     ecu_attn_plan_t plan;
     int plan_prepared;          /* plan belongs to the prepared batch */
+    /* the QKV GEMV's rope angles (matmul.cu): (n, head_dim / 2) {cos, sin}; rope_tab_ok
+       while it holds the prepared step's first rope_tab_n positions for rope_tab_hd and
+       rope_tab_theta */
+    ecu_buf_t rope_tab;
+    int rope_tab_ok, rope_tab_n, rope_tab_hd;
+    float rope_tab_theta;
     ecu_buf_t part_o, part_ml;  /* attention partials */
+    int attn_fuse;              /* decode blocks merge their partials (attention.cu) */
+    ecu_buf_t attn_cnt;         /* the fused combine's counters, (n_tok, n_kv_head) u32 */
+    float *attn_fuse_out;       /* set around the decode launch when it fuses the combine */
 
     /* sampling */
     int sample_blocks;          /* blocks a row: 1, ECU_SM_CLUSTER (sm_90), 0 = by batch */
+    int sample_list;            /* the sampler compacts a row's candidates (softmax.cu) */
+    int sample_clusters;        /* rows whose sampler clusters are resident at once (0: ask) */
     ecu_buf_t samp_params;      /* device copy of params */
     ecu_buf_t samp_out;         /* (n) {token, logprob} device */
     ecu_buf_t samp_host;        /* pinned staging for params and results */
@@ -228,6 +260,10 @@ void ecu_buf_release_host(ecu_buf_t *buf);
 /* Device copy of a host index array of n int32: the prepared copy when `host` is the
    pointer given to prepare() for that role, else an async upload into the role's scratch. */
 int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t **dev);
+/* The rope angles {cos, sin} of positions pos (host; the prepared step's are built once a
+   step and reused), (n, head_dim / 2) in st->rope_tab (rope.cu) */
+int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, float theta,
+                   const float2 **tab);
 
 /* prepare() of the op table (eng_cuda.cu). */
 int ecu_prepare(eng_backend_t *be, const eng_step_t *step);
@@ -324,8 +360,9 @@ template <> __device__ __forceinline__ __nv_fp8_e4m3 ecu_from_f32<__nv_fp8_e4m3>
 /* The rotary angle of pair i at position pos, as the CPU computes it: inv_freq =
    1 / powf(theta, 2i / d) with the power taken in double and rounded (the device powf may
    differ from the CPU's correctly rounded one by an ulp, which positions in the thousands turn
-   into 1e-4 of angle), f = pos * inv_freq in fp32, then full-precision cosf / sinf. Used by
-   rope.cu and by the QKV GEMV's rope epilogue (matmul.cu). */
+   into 1e-4 of angle), f = pos * inv_freq in fp32, then full-precision cosf / sinf. Computed
+   once a step into a table (ecu_rope_table, rope.cu) that the rope kernels and the QKV GEMV's
+   rope epilogue read. */
 __device__ __forceinline__ void ecu_rope_angle(int pos, int i, int head_dim, float theta,
                                                float *c, float *s)
 {

@@ -19,8 +19,15 @@
     rsqrt(mean + eps): no norm kernel and no normalised copy), and an epilogue adds the result
     into the residual stream, or pairs rows inside a block (gate j with up j for SwiGLU; dims
     i and i + head_dim/2 of a head for RoPE, then q written out and k, v stored in the paged
-    caches). Larger batches compose the same ops from the other kernels (the norm writes the
-    product's rounded input itself, the residual add is cuBLASLt's beta).
+    caches; their angles come from a table computed once a step, ecu_rope_table in rope.cu). Larger
+    batches compose the same ops from the other kernels (the norm writes the product's rounded
+    input itself, the residual add is cuBLASLt's beta). ANVIL_CUDA_GEMV_RING=1 swaps the
+    GEMV's register pipeline for s_gemv_ring_kernel (the same groups, sums and epilogues; the
+    weights through a cp.async ring in shared memory, on a persistent grid): an A/B, not yet
+    measured. ANVIL_CUDA_PREFETCH_MB (st->pf_max, off by default; not yet measured): a GEMV's
+    last resident wave prefetches the first M MB of the next product's weights into L2 as its
+    blocks end (s_gemv_prefetch), so DRAM keeps working through the kernel's tail and the
+    short kernels after it; which product comes next is learned as they run (s_pf_step).
 */
 #include "eng_cuda_internal.h"
 
@@ -79,10 +86,40 @@ typedef struct {
     float eps;
     int n, in_dim, out_dim, segs, epi, n_blocks; /* n_blocks: row groups (s_gemv_blocks) */
     void *k_cache, *v_cache; /* ROPE_KV: (n_blocks, block_size, n_kv_head, head_dim) kv_dtype */
-    const int32_t *pos, *slots; /* ROPE_KV: (n) device */
+    const int32_t *slots;    /* ROPE_KV: (n) device */
+    const float2 *angles;    /* ROPE_KV: (n, head_dim / 2) {cos, sin} (ecu_rope_table) */
     int n_head, n_kv_head, head_dim, kv_dtype;
-    float theta;
+    /* the successor prefetch: the first pf_bytes of the next product's weights, in slices,
+       one a block for blocks pf_first .. pf_first + pf_blocks - 1 (the last resident wave),
+       issued as each block ends; pf NULL: none */
+    const char *pf;
+    unsigned long long pf_bytes;
+    unsigned pf_first, pf_blocks;
 } s_gemv_args_t;
+
+#define ECU_PF_CHUNK 16384 /* bytes a bulk prefetch instruction asks for */
+
+/* This block's slice of the successor prefetch (s_gemv_args_t.pf): bulk L2 prefetches
+   (cp.async.bulk.prefetch, sm_90), a hint with nothing to wait for, issued as the block ends
+   so that the DRAM time of the kernel's tail and of the short kernels after it (attention
+   before O, the sampler before the next step's first QKV) fetches what the next GEMV's first
+   wave reads. Byte counts and offsets are multiples of 16. */
+static __device__ __forceinline__ void s_gemv_prefetch(const s_gemv_args_t &a)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!a.pf || blockIdx.x < a.pf_first || blockIdx.x - a.pf_first >= a.pf_blocks)
+        return;
+    const unsigned long long slice = (a.pf_bytes / a.pf_blocks + 15) & ~15ull;
+    const unsigned long long s0 = (blockIdx.x - a.pf_first) * slice;
+    const unsigned long long s1 = s0 + slice < a.pf_bytes ? s0 + slice : a.pf_bytes;
+    for (unsigned long long at = s0 + (unsigned long long)threadIdx.x * ECU_PF_CHUNK; at < s1;
+         at += (unsigned long long)blockDim.x * ECU_PF_CHUNK) {
+        const unsigned sz = (unsigned)(s1 - at < ECU_PF_CHUNK ? s1 - at : ECU_PF_CHUNK);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf + at), "r"(sz)
+                     : "memory");
+    }
+#endif
+}
 
 /* acc[r] += the 8 weights at column k times row r of x, for the n <= N live rows. FOLD (the
    norm folded into W): the weights are first scaled by the norm's weights g (once for all
@@ -162,7 +199,7 @@ static __device__ __forceinline__ void s_kv_put(void *cache, int dtype, size_t i
 
 /* The rope epilogue's inputs of row group b for the thread that will rotate pair
    (threadIdx.x % (R/2)) of row threadIdx.x / (R/2): the angle's cosine and sine (q and k
-   heads) and the token's cache row offset. */
+   heads), read from the step's table, and the token's cache row offset. */
 static __device__ __forceinline__ void s_rope_prep(const s_gemv_args_t &a, int b, int R,
                                                    float *rc, float *rs, size_t *kvo)
 {
@@ -172,8 +209,10 @@ static __device__ __forceinline__ void s_rope_prep(const s_gemv_args_t &a, int b
     const int p = threadIdx.x % half, r = threadIdx.x / half;
     const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R), h = o0 / hd;
     *kvo = (size_t)a.slots[r] * a.n_kv_head * hd;
-    if (o0 >= 0 && h < a.n_head + a.n_kv_head)
-        ecu_rope_angle(a.pos[r], o0 % hd, hd, a.theta, rc, rs);
+    if (o0 >= 0 && h < a.n_head + a.n_kv_head) {
+        const float2 cs = a.angles[(size_t)r * (hd / 2) + o0 % hd];
+        *rc = cs.x, *rs = cs.y;
+    }
 }
 
 /* Norm modes of the GEMV: none; folded into W as it is read (any batch); x * g staged in
@@ -181,6 +220,122 @@ static __device__ __forceinline__ void s_rope_prep(const s_gemv_args_t &a, int b
    ECU_GEMV_STAGE floats), which keeps the inner loop the plain one. */
 enum { S_NORM_NONE = 0, S_NORM_FOLD = 1, S_NORM_STAGE = 2 };
 #define ECU_GEMV_STAGE 8192
+
+/* The staged norm input of a block (S_NORM_STAGE): xs4 = x * g, (n, in_dim) f32, and row_ss
+   the rows' sums of squares of x. */
+template <int N, typename T>
+static __device__ __forceinline__ void s_gemv_stage(const s_gemv_args_t &a, float4 *xs4,
+                                                    float (*part_ss)[N], float *row_ss)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = a.n, in_dim = a.in_dim;
+    const T *nw = (const T *)a.norm_w;
+    float ssl[N];
+#pragma unroll
+    for (int r = 0; r < N; r++)
+        ssl[r] = 0.0f;
+    for (int i4 = threadIdx.x; i4 < n * in_dim / 4; i4 += blockDim.x) {
+        const int e = i4 * 4, r = e / in_dim, kk = e % in_dim;
+        const float4 v = __ldg((const float4 *)a.x + i4), g = s_ld4(nw, kk);
+        const float q = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+#pragma unroll
+        for (int rr = 0; rr < N; rr++)
+            if (rr == r)
+                ssl[rr] += q;
+        xs4[i4] = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
+    }
+#pragma unroll
+    for (int r = 0; r < N; r++) {
+        const float v = ecu_warp_sum(ssl[r]);
+        if (lane == 0)
+            part_ss[warp][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < N) {
+        float t = 0.0f;
+        for (int w8 = 0; w8 < ECU_GEMV_WARPS; w8++)
+            t += part_ss[w8][threadIdx.x];
+        row_ss[threadIdx.x] = t;
+    }
+    __syncthreads();
+}
+
+/* The end of row group b (this warp's row o, -1 when past the end): each warp's sums reduced
+   (lane r < n takes row r's), a row's segments added in segment order by its segment-0 warp,
+   then the norm's scale, the bias and the epilogue. Every thread of the block calls it (it
+   synchronises the block when segs > 1 or for a pair epilogue). */
+template <int N, typename T, int NORM, bool ROPE>
+static __device__ __forceinline__ void
+s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *acc,
+              const float *ss, float rc, float rs, size_t kvo, float (*part)[N],
+              float (*part_ss)[N], float (*fin)[N], const float *row_ss)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int segs = a.segs, R = ECU_GEMV_WARPS / segs, lr = warp / segs, seg = warp % segs;
+    const int n = a.n, in_dim = a.in_dim, half = R / 2, hd = a.head_dim;
+    const bool pair = a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV;
+    const bool owner = seg == 0 && o >= 0 && lane < n;
+    /* lane r (< n) takes row r's sums */
+    float mine = 0.0f, mine_ss = 0.0f;
+#pragma unroll
+    for (int r = 0; r < N; r++) {
+        const float s = ecu_warp_sum(acc[r]);
+        const float q = NORM == S_NORM_FOLD ? ecu_warp_sum(ss[r]) : 0.0f;
+        if (lane == r)
+            mine = s, mine_ss = q;
+    }
+    if (segs > 1) {
+        if (lane < N)
+            part[warp][lane] = mine, part_ss[warp][lane] = mine_ss;
+        __syncthreads(); /* b and segs are the same for the whole block */
+        if (seg == 0 && lane < N) {
+            mine = 0.0f, mine_ss = 0.0f;
+            for (int s = 0; s < segs; s++)
+                mine += part[warp + s][lane], mine_ss += part_ss[warp + s][lane];
+        }
+    }
+    float y = mine;
+    if (owner) {
+        if constexpr (NORM == S_NORM_STAGE)
+            mine_ss = row_ss[lane];
+        if constexpr (NORM != S_NORM_NONE)
+            y *= 1.0f / sqrtf(mine_ss / (float)in_dim + a.eps);
+        if (a.bias)
+            y += ecu_ld<T>((const T *)a.bias, o);
+    }
+    if (!pair) {
+        if (owner)
+            a.out[(size_t)lane * a.out_dim + o] = a.epi == ENG_LIN_ADD ? resid + y : y;
+    } else {
+        if (owner)
+            fin[lr][lane] = y;
+        __syncthreads();
+        const int p = threadIdx.x % half, r = threadIdx.x / half;
+        const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R);
+        if (threadIdx.x < half * n && o0 >= 0) {
+            const float va = fin[p][r], vb = fin[p + half][r];
+            if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
+                a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
+            } else {
+                const int hh = hd / 2, h = o0 / hd, i = o0 % hd;
+                if (h < a.n_head + a.n_kv_head) {
+                    const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
+                    if (h < a.n_head) {
+                        float *q = a.out + ((size_t)r * a.n_head + h) * hd;
+                        q[i] = ra, q[i + hh] = rb;
+                    } else {
+                        const size_t at = kvo + (size_t)(h - a.n_head) * hd + i;
+                        s_kv_put(a.k_cache, a.kv_dtype, at, ra);
+                        s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
+                    }
+                } else {
+                    const size_t at = kvo + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
+                    s_kv_put(a.v_cache, a.kv_dtype, at, va);
+                    s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
+                }
+            }
+        }
+    }
+}
 
 /* One warp per (output feature, column segment) of a row group of R = ECU_GEMV_WARPS / segs
    rows; in_dim % (8 * segs) == 0 (the launcher checks). The grid is persistent: as many blocks
@@ -215,7 +370,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     __shared__ float fin[ECU_GEMV_WARPS][N], row_ss[N];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int segs = a.segs, R = ECU_GEMV_WARPS / segs, lr = warp / segs, seg = warp % segs;
-    const int n = a.n, in_dim = a.in_dim, half = R / 2, hd = a.head_dim;
+    const int n = a.n, in_dim = a.in_dim, hd = a.head_dim;
     const int seg_len = in_dim / segs, k0 = seg * seg_len + lane * 8, kend = (seg + 1) * seg_len;
     const bool pair = a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV;
     const T *nw = (const T *)a.norm_w;
@@ -230,40 +385,12 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     }
     float rc = 0.0f, rs = 0.0f;
     size_t kvo = 0;
-    if constexpr (ROPE)
-        s_rope_prep(a, b, R, &rc, &rs, &kvo);
     ecu_pdl_wait();
     ecu_pdl_trigger();
-    if constexpr (NORM == S_NORM_STAGE) {
-        float ssl[N];
-#pragma unroll
-        for (int r = 0; r < N; r++)
-            ssl[r] = 0.0f;
-        for (int i4 = threadIdx.x; i4 < n * in_dim / 4; i4 += blockDim.x) {
-            const int e = i4 * 4, r = e / in_dim, kk = e % in_dim;
-            const float4 v = __ldg((const float4 *)x + i4), g = s_ld4(nw, kk);
-            const float q = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-#pragma unroll
-            for (int rr = 0; rr < N; rr++)
-                if (rr == r)
-                    ssl[rr] += q;
-            xs4[i4] = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
-        }
-#pragma unroll
-        for (int r = 0; r < N; r++) {
-            const float v = ecu_warp_sum(ssl[r]);
-            if (lane == 0)
-                part_ss[warp][r] = v;
-        }
-        __syncthreads();
-        if (threadIdx.x < N) {
-            float t = 0.0f;
-            for (int w8 = 0; w8 < ECU_GEMV_WARPS; w8++)
-                t += part_ss[w8][threadIdx.x];
-            row_ss[threadIdx.x] = t;
-        }
-        __syncthreads();
-    }
+    if constexpr (ROPE) /* the angles were written by a kernel of this step */
+        s_rope_prep(a, b, R, &rc, &rs, &kvo);
+    if constexpr (NORM == S_NORM_STAGE)
+        s_gemv_stage<N, T>(a, xs4, part_ss, row_ss);
     for (;;) {
         const bool live = o >= 0, owner = seg == 0 && live && lane < n;
         const T *wr = w + (size_t)(live ? o : 0) * in_dim;
@@ -330,67 +457,8 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
             for (int u = 0; u < U; u++)
                 s_load8(cur[u], w + (size_t)on * in_dim + k0 + u * 256);
         }
-        /* lane r (< n) takes row r's sums */
-        float mine = 0.0f, mine_ss = 0.0f;
-#pragma unroll
-        for (int r = 0; r < N; r++) {
-            const float s = ecu_warp_sum(acc[r]);
-            const float q = NORM == S_NORM_FOLD ? ecu_warp_sum(ss[r]) : 0.0f;
-            if (lane == r)
-                mine = s, mine_ss = q;
-        }
-        if (segs > 1) {
-            if (lane < N)
-                part[warp][lane] = mine, part_ss[warp][lane] = mine_ss;
-            __syncthreads(); /* b and segs are the same for the whole block */
-            if (seg == 0 && lane < N) {
-                mine = 0.0f, mine_ss = 0.0f;
-                for (int s = 0; s < segs; s++)
-                    mine += part[warp + s][lane], mine_ss += part_ss[warp + s][lane];
-            }
-        }
-        float y = mine;
-        if (owner) {
-            if constexpr (NORM == S_NORM_STAGE)
-                mine_ss = row_ss[lane];
-            if constexpr (NORM != S_NORM_NONE)
-                y *= 1.0f / sqrtf(mine_ss / (float)in_dim + a.eps);
-            if (a.bias)
-                y += ecu_ld<T>((const T *)a.bias, o);
-        }
-        if (!pair) {
-            if (owner)
-                a.out[(size_t)lane * a.out_dim + o] = a.epi == ENG_LIN_ADD ? resid + y : y;
-        } else {
-            if (owner)
-                fin[lr][lane] = y;
-            __syncthreads();
-            const int p = threadIdx.x % half, r = threadIdx.x / half;
-            const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R);
-            if (threadIdx.x < half * n && o0 >= 0) {
-                const float va = fin[p][r], vb = fin[p + half][r];
-                if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
-                    a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
-                } else {
-                    const int hh = hd / 2, h = o0 / hd, i = o0 % hd;
-                    if (h < a.n_head + a.n_kv_head) {
-                        const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
-                        if (h < a.n_head) {
-                            float *q = a.out + ((size_t)r * a.n_head + h) * hd;
-                            q[i] = ra, q[i + hh] = rb;
-                        } else {
-                            const size_t at = kvo + (size_t)(h - a.n_head) * hd + i;
-                            s_kv_put(a.k_cache, a.kv_dtype, at, ra);
-                            s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
-                        }
-                    } else {
-                        const size_t at = kvo + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
-                        s_kv_put(a.v_cache, a.kv_dtype, at, va);
-                        s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
-                    }
-                }
-            }
-        }
+        s_gemv_finish<N, T, NORM, ROPE>(a, b, o, resid, acc, ss, rc, rs, kvo, part, part_ss, fin,
+                                        row_ss);
         b = bn;
         if (!LOOP || b >= a.n_blocks)
             break;
@@ -400,33 +468,191 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
         if constexpr (ROPE)
             s_rope_prep(a, b, R, &rc, &rs, &kvo);
     }
+    s_gemv_prefetch(a);
+}
+
+/* The ring GEMV (ANVIL_CUDA_GEMV_RING=1, st->gemv_ring): the same work, groups, sums and
+   epilogues as s_gemv_kernel, on a persistent grid, with the weights streamed through a ring
+   of shared memory by cp.async instead of through registers. Each lane keeps ECU_GEMV_RING
+   16-byte pieces (8 weights of its row at columns k, k + 256, ...) in flight, across the end
+   of a row group: while a group's sums are reduced and its epilogue runs, the next group's
+   pieces are already on their way, where the register pipeline held one chunk (and fewer
+   warps an SM, for its registers). A lane's slots are its own (it copies them and reads them
+   back), so cp.async.wait_group is its only synchronisation; a slot is refilled two pieces
+   after it was read. */
+#define ECU_GEMV_RING 8
+#define ECU_GEMV_RING_BLOCKS 4
+
+static __device__ __forceinline__ void s_cp16(void *smem, const void *gmem)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem) : "memory");
+}
+static __device__ __forceinline__ void s_cp_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int P> static __device__ __forceinline__ void s_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(P) : "memory");
+}
+
+/* shared memory of the ring: (ECU_GEMV_RING + 1) slots x the 16-byte loads of a piece x 256
+   threads */
+template <typename T> static constexpr size_t s_ring_bytes()
+{
+    return (size_t)(ECU_GEMV_RING + 1) * sizeof(s_raw8<T>) * ECU_GEMV_WARPS * 32;
+}
+
+template <int N, typename T, int NORM, bool ROPE>
+static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
+    s_gemv_ring_kernel(const T *w /* (out_dim, in_dim) T */, const s_gemv_args_t a)
+{
+    constexpr int D = ECU_GEMV_RING, S = D + 1, PW = sizeof(s_raw8<T>) / 16;
+    extern __shared__ float4 dyn4[];
+    float4 *ring = dyn4;                                  /* (S, PW, 256) */
+    float4 *xs4 = dyn4 + (size_t)S * PW * ECU_GEMV_WARPS * 32; /* S_NORM_STAGE: g * x */
+    __shared__ float part[ECU_GEMV_WARPS][N], part_ss[ECU_GEMV_WARPS][N];
+    __shared__ float fin[ECU_GEMV_WARPS][N], row_ss[N];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int segs = a.segs, R = ECU_GEMV_WARPS / segs, lr = warp / segs, seg = warp % segs;
+    const int n = a.n, in_dim = a.in_dim, hd = a.head_dim;
+    const int seg_len = in_dim / segs, k0 = seg * seg_len + lane * 8, kend = (seg + 1) * seg_len;
+    const int P = (seg_len + 255) / 256; /* pieces a lane a group (its last may be past kend) */
+    const T *nw = (const T *)a.norm_w;
+    /* the producer: the next piece to copy (group pb, piece pj, row po) and its slot */
+    int pb = blockIdx.x, pj = 0, ps = 0;
+    int po = pb < a.n_blocks ? s_gemv_row(a.epi, a.out_dim, hd, pb, lr, R) : -1;
+    auto issue = [&]() {
+        if (pb < a.n_blocks) {
+            const int col = k0 + pj * 256;
+            if (po >= 0 && col < kend) {
+                const float4 *src = (const float4 *)(w + (size_t)po * in_dim + col);
+#pragma unroll
+                for (int c = 0; c < PW; c++)
+                    s_cp16(ring + (size_t)(ps * PW + c) * (ECU_GEMV_WARPS * 32) + threadIdx.x,
+                           src + c);
+            }
+            if (++pj == P) {
+                pj = 0;
+                pb += gridDim.x;
+                po = pb < a.n_blocks ? s_gemv_row(a.epi, a.out_dim, hd, pb, lr, R) : -1;
+            }
+        }
+        s_cp_commit(); /* empty past the end: one group a piece keeps wait_group's count */
+        ps = ps + 1 == S ? 0 : ps + 1;
+    };
+    /* weights do not depend on the kernel before: the first pieces go out before the wait */
+#pragma unroll
+    for (int i = 0; i < D - 1; i++)
+        issue();
+    ecu_pdl_wait();
+    ecu_pdl_trigger();
+    if constexpr (NORM == S_NORM_STAGE)
+        s_gemv_stage<N, T>(a, xs4, part_ss, row_ss);
+    int cs = 0; /* the consumer's slot */
+    for (int b = blockIdx.x; b < a.n_blocks; b += gridDim.x) {
+        const int o = s_gemv_row(a.epi, a.out_dim, hd, b, lr, R);
+        const bool live = o >= 0;
+        float resid = 0.0f;
+        if (a.epi == ENG_LIN_ADD && seg == 0 && live && lane < n)
+            resid = a.out[(size_t)lane * a.out_dim + o];
+        float rc = 0.0f, rs = 0.0f;
+        size_t kvo = 0;
+        if constexpr (ROPE)
+            s_rope_prep(a, b, R, &rc, &rs, &kvo);
+        float acc[N], ss[N];
+#pragma unroll
+        for (int r = 0; r < N; r++)
+            acc[r] = 0.0f, ss[r] = 0.0f;
+        for (int j = 0; j < P; j++) {
+            issue();          /* piece q + D - 1, into the slot read two pieces ago */
+            s_cp_wait<D - 1>(); /* piece q has landed */
+            const int k = k0 + j * 256;
+            if (live && k < kend) {
+                s_raw8<T> raw;
+                const float4 *slot = ring + (size_t)cs * PW * (ECU_GEMV_WARPS * 32) + threadIdx.x;
+                if constexpr (PW == 1) {
+                    *(float4 *)&raw.a = slot[0];
+                } else {
+                    *(float4 *)&raw.a = slot[0];
+                    *((float4 *)&raw.a + 1) = slot[ECU_GEMV_WARPS * 32];
+                }
+                if constexpr (NORM == S_NORM_STAGE)
+                    s_fma8<N, T, false, true>(acc, ss, raw, (const float *)xs4, nw, n, in_dim, k);
+                else
+                    s_fma8<N, T, NORM == S_NORM_FOLD, false>(acc, ss, raw, a.x, nw, n, in_dim,
+                                                             k);
+            }
+            cs = cs + 1 == S ? 0 : cs + 1;
+        }
+        s_gemv_finish<N, T, NORM, ROPE>(a, b, o, resid, acc, ss, rc, rs, kvo, part, part_ss, fin,
+                                        row_ss);
+        if (b + (int)gridDim.x < a.n_blocks &&
+            (segs > 1 || a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV))
+            __syncthreads(); /* part and fin are reused by the next group */
+    }
+    s_cp_wait<0>();
+    s_gemv_prefetch(a);
 }
 
 /* Column segments a row for the GEMV: short weight matrices (QKV, O, down at batch 1) fill
    the GPU with too few warps of one row each, and the kernel ends with a partial wave (on the
    H200, ncu: QKV 20.3 us at 54 % of DRAM bandwidth, 768 blocks for 528 resident slots; O 13.7
    us at 52 %; gate/up, 3584 blocks, 80 %). Segments are doubled until the grid holds 2.5
-   waves of resident blocks, while a segment keeps >= 1024 columns and divides evenly. Pair
-   epilogues need two rows a block (segs <= 4) and, for RoPE, head_dim / 2 a multiple of the
-   pairs a block holds; 0 when no segment count fits (the caller composes the ops). */
+   waves of resident blocks (ANVIL_CUDA_GEMV_WAVES, st->gemv_waves2 / 2), while a segment
+   keeps >= 1024 columns and divides evenly. Pair epilogues need two rows a block (segs <= 4)
+   and, for RoPE, head_dim / 2 a multiple of the pairs a block holds; 0 when no segment count
+   fits (the caller composes the ops). */
 template <int N, typename T, int NORM, bool ROPE>
 static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, int head_dim,
-                       long *slots_out)
+                       size_t smem, long *slots_out)
 {
-    static int per_sm = 0; /* resident blocks an SM, per instantiation */
-    const size_t smem = NORM == S_NORM_STAGE ? ECU_GEMV_STAGE * sizeof(float) : 0;
-    if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                            &per_sm, s_gemv_kernel<N, T, NORM, ROPE>, ECU_GEMV_WARPS * 32, smem) !=
-                            cudaSuccess ||
-                        per_sm <= 0))
-        per_sm = 1;
-    const long slots = (long)st->n_sm * per_sm;
+    /* resident blocks an SM, per instantiation and kernel (the ring kernel's for the last
+       size of its shared memory, which the staged input makes depend on the shape) */
+    static int per_sm = 0, per_sm_ring = 0;
+    static size_t ring_smem = 0;
+    int *ps = &per_sm;
+    if (st->gemv_ring) {
+        const size_t rsmem = s_ring_bytes<T>() + smem;
+        ps = &per_sm_ring;
+        if (rsmem != ring_smem) {
+            /* at most ECU_GEMV_RING_BLOCKS blocks an SM (their rings keep 128 KB in flight),
+               and shared memory for just those, so that L1 keeps room for x (fp32: 56 KB for
+               the down projection) */
+            auto kern = s_gemv_ring_kernel<N, T, NORM, ROPE>;
+            const int carve = (int)((ECU_GEMV_RING_BLOCKS * (rsmem + 1024) * 100 +
+                                     st->smem_per_sm - 1) / st->smem_per_sm);
+            cudaError_t e = cudaFuncSetAttribute(
+                kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                (int)(s_ring_bytes<T>() + ECU_GEMV_STAGE * sizeof(float)));
+            if (e == cudaSuccess)
+                e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         carve < 100 ? carve : 100);
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(ps, kern, ECU_GEMV_WARPS * 32,
+                                                                  rsmem);
+            if (e != cudaSuccess || *ps <= 0)
+                *ps = 1;
+            if (*ps > ECU_GEMV_RING_BLOCKS)
+                *ps = ECU_GEMV_RING_BLOCKS;
+            ring_smem = rsmem;
+        }
+    } else if (*ps == 0) {
+        const size_t msmem = NORM == S_NORM_STAGE ? ECU_GEMV_STAGE * sizeof(float) : 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(ps, s_gemv_kernel<N, T, NORM, ROPE>,
+                                                          ECU_GEMV_WARPS * 32,
+                                                          msmem) != cudaSuccess ||
+            *ps <= 0)
+            *ps = 1;
+    }
+    const long slots = (long)st->n_sm * *ps;
     *slots_out = slots;
     const bool pair = epi == ENG_LIN_SWIGLU || epi == ENG_LIN_ROPE_KV;
     const int max_segs = pair ? ECU_GEMV_WARPS / 2 : ECU_GEMV_WARPS;
     int segs = 1;
     while (segs < max_segs && ((long)out_dim * segs + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS
-                                  < slots * 5 / 2 &&
+                                  < slots * st->gemv_waves2 / 2 &&
            in_dim % (16 * segs) == 0 && in_dim / (2 * segs) >= 1024)
         segs *= 2;
     if (epi == ENG_LIN_ROPE_KV) {
@@ -459,9 +685,9 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
     const size_t smem = NORM == S_NORM_STAGE ? (size_t)a.n * a.in_dim * sizeof(float) : 0;
     long slots = 0;
     a.segs = rope ? s_gemv_segs<N, T, NORM, true>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
-                                                  &slots)
+                                                  smem, &slots)
                   : s_gemv_segs<N, T, NORM, false>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
-                                                   &slots);
+                                                   smem, &slots);
     if (a.segs == 0)
         return 0;
     a.n_blocks = (int)s_gemv_blocks(&a);
@@ -472,9 +698,21 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
        memory on a persistent grid as well left them at 1641 us against 1638).
        ANVIL_CUDA_GEMV_PERSIST=0 (st->gemv_persist, read at start): a block per row group for
        all (the A/B). */
-    const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
+    const bool pgrid = st->gemv_ring || (st->gemv_persist && NORM == S_NORM_STAGE);
     const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
-    if (rope)
+    if (a.pf) { /* the last resident wave prefetches */
+        a.pf_blocks = (unsigned)((long)grid.x < slots ? (long)grid.x : slots);
+        a.pf_first = grid.x - a.pf_blocks;
+    }
+    if (st->gemv_ring) {
+        const size_t rsmem = s_ring_bytes<T>() + smem;
+        if (rope)
+            ECU_CHECK(ecu_launch(st, s_gemv_ring_kernel<N, T, NORM, true>, grid,
+                                 dim3(ECU_GEMV_WARPS * 32), rsmem, w, a));
+        else
+            ECU_CHECK(ecu_launch(st, s_gemv_ring_kernel<N, T, NORM, false>, grid,
+                                 dim3(ECU_GEMV_WARPS * 32), rsmem, w, a));
+    } else if (rope)
         ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, grid, dim3(ECU_GEMV_WARPS * 32),
                              smem, w, a));
     else
@@ -501,7 +739,11 @@ static int s_gemv_launch_norm(const ecu_state_t *st, const void *w, const s_gemv
 {
     if (!a.norm_w)
         return s_gemv_launch_t<T, S_NORM_NONE>(st, w, a);
-    if ((long)a.n * a.in_dim <= ECU_GEMV_STAGE)
+    /* ANVIL_CUDA_GEMV_FOLD=1 (st->gemv_fold): no staged input at small batch either. Each
+       block of the persistent grid stages x * g before its first group, a cost QKV (768
+       groups, 21.7 us a layer at batch 1 on the H200) spreads over fewer groups a block than
+       gate|up (3584); the A/B, not yet measured */
+    if ((long)a.n * a.in_dim <= ECU_GEMV_STAGE && !st->gemv_fold)
         return s_gemv_launch_t<T, S_NORM_STAGE>(st, w, a);
     return s_gemv_launch_t<T, S_NORM_FOLD>(st, w, a);
 }
@@ -526,6 +768,23 @@ static __global__ void s_round_kernel(T *dst /* (total) T */, const float *src /
         dst[i] = ecu_from_f32<T>(src[i]);
 }
 
+/* the same, 4 elements a thread (16-byte loads, 8-byte stores): total4 = total / 4 */
+template <typename T>
+static __global__ void s_round4_kernel(T *dst /* (total) T */, const float4 *src, size_t total4)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float4 v = src[i];
+        union {
+            T h[4];
+            uint2 u;
+        } o;
+        o.h[0] = ecu_from_f32<T>(v.x), o.h[1] = ecu_from_f32<T>(v.y);
+        o.h[2] = ecu_from_f32<T>(v.z), o.h[3] = ecu_from_f32<T>(v.w);
+        ((uint2 *)dst)[i] = o.u;
+    }
+}
+
 template <typename T>
 static __global__ void s_bias_kernel(float *out /* (n, out_dim) f32 */, const T *bias /* (out) */,
                                      int out_dim, size_t total)
@@ -539,6 +798,70 @@ static int s_grid(ecu_state_t *st, size_t total)
 {
     size_t blocks = (total + 255) / 256, cap = (size_t)st->n_sm * 16;
     return (int)(blocks < cap ? blocks : cap);
+}
+
+/* ANVIL_CUDA_LT_TUNE=1 (st->lt_tune; the A/B): the first product of a shape with n <=
+   ECU_LT_TUNE_MAX_N rows (decode batches, whose shapes repeat every step) times the
+   heuristic's first `found` candidates (ECU_LT_TUNE_REPS runs each after a warm one, into a
+   scratch output) and keeps the fastest in *pick; cuBLASLt's first choice otherwise. It
+   waits for the GPU, so it is skipped while a graph is being captured (the eager step before
+   a capture makes the choice). At batch 256 x 2k (ncu, H200, an earlier session) the
+   products took 6.3 ms a step, ~62 % of bf16 peak, two of them split-K with a 0.28 ms reduce
+   kernel. */
+#define ECU_LT_TUNE_ALGOS 8
+#define ECU_LT_TUNE_MAX_N 512
+#define ECU_LT_TUNE_REPS 5
+
+static int s_lt_tune(ecu_state_t *st, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                     cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, const void *w,
+                     const void *xw, const cublasLtMatmulHeuristicResult_t *res, int found,
+                     const float *alpha, const float *beta, int n, int in_dim, int out_dim,
+                     int *pick)
+{
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st->stream, &cap) != cudaSuccess ||
+        cap != cudaStreamCaptureStatusNone)
+        return -1;
+    const size_t bytes = (size_t)n * out_dim * sizeof(float);
+    ECU_TRY(ecu_buf_reserve(&st->lt_tune_out, bytes));
+    ECU_CHECK(cudaMemsetAsync(st->lt_tune_out.ptr, 0, bytes, st->stream));
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = -1;
+    float best = 0.0f, first = 0.0f;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        goto out;
+    for (int a = 0; a < found; a++) {
+        float *d = (float *)st->lt_tune_out.ptr, ms = 0.0f;
+        bool ok = cublasLtMatmul(st->lt, op, alpha, w, la, xw, lb, beta, d, lc, d, lc,
+                                 &res[a].algo, st->lt_ws.ptr, st->lt_ws.bytes,
+                                 st->stream) == CUBLAS_STATUS_SUCCESS;
+        ok = ok && cudaEventRecord(e0, st->stream) == cudaSuccess;
+        for (int r = 0; ok && r < ECU_LT_TUNE_REPS; r++)
+            ok = cublasLtMatmul(st->lt, op, alpha, w, la, xw, lb, beta, d, lc, d, lc,
+                                &res[a].algo, st->lt_ws.ptr, st->lt_ws.bytes,
+                                st->stream) == CUBLAS_STATUS_SUCCESS;
+        ok = ok && cudaEventRecord(e1, st->stream) == cudaSuccess &&
+             cudaEventSynchronize(e1) == cudaSuccess &&
+             cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
+        if (!ok) { /* a candidate that cannot run is skipped; the stream is still usable */
+            cudaGetLastError();
+            continue;
+        }
+        ms /= ECU_LT_TUNE_REPS;
+        if (a == 0)
+            first = ms;
+        if (rc != 0 || ms < best)
+            best = ms, *pick = a, rc = 0;
+    }
+    if (rc == 0)
+        ANV_INFO("cublasLt tune %dx%dx%d: candidate %d of %d, %.1f us (the heuristic's first: "
+                 "%.1f us)", out_dim, n, in_dim, *pick, found, best * 1e3, first * 1e3);
+out:
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    return rc;
 }
 
 /* cuBLASLt, column-major view: D (out_dim x n) = W^T-as-stored (in x out)^T @ x^T (in x n),
@@ -575,22 +898,28 @@ static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_
         }
     }
     if (!hit) {
-        cublasLtMatmulHeuristicResult_t res;
+        cublasLtMatmulHeuristicResult_t res[ECU_LT_TUNE_ALGOS];
         int found = 0;
+        /* ANVIL_CUDA_LT_TUNE=1: the heuristic's first few candidates timed once */
+        const int want = st->lt_tune && n <= ECU_LT_TUNE_MAX_N ? ECU_LT_TUNE_ALGOS : 1;
         if (cublasLtMatmulPreferenceCreate(&pref) ||
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                  &ws, sizeof(ws)) ||
-            cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, 1, &res, &found) ||
+            cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, want, res, &found) ||
             found == 0) {
             ANV_ERROR("cublasLt: no algorithm for a %dx%dx%d %s product", out_dim, n, in_dim,
                       ecu_dtype_name(dtype));
             goto out;
         }
+        int pick = 0;
+        if (found > 1 && s_lt_tune(st, op, la, lb, lc, w, xw, res, found, &alpha, &beta, n,
+                                   in_dim, out_dim, &pick) != 0)
+            pick = 0;
         hit = &st->lt_cache[st->lt_next];
         st->lt_next = (st->lt_next + 1) % ECU_LT_CACHE;
         hit->m = out_dim, hit->n = n, hit->k = in_dim, hit->dtype = dtype, hit->acc = acc;
         hit->valid = 1;
-        hit->algo = res.algo;
+        hit->algo = res[pick].algo;
     }
     {
         cublasStatus_t s = cublasLtMatmul(st->lt, op, &alpha, w, la, xw, lb, &beta, out, lc, out,
@@ -636,10 +965,57 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
     return 0;
 }
 
+/* The successor prefetch's table (st->pf, open addressing on the weight's address): the
+   entry of w, added when insert and there is room; NULL otherwise. */
+static ecu_pf_t *s_pf_find(ecu_state_t *st, const void *w, bool insert)
+{
+    uint64_t h = (uint64_t)(uintptr_t)w >> 8;
+    h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+    for (int i = 0; i < ECU_PF_SLOTS; i++) {
+        ecu_pf_t *e = &st->pf[(h + (uint64_t)i) % ECU_PF_SLOTS];
+        if (e->w == w)
+            return e;
+        if (!e->w) {
+            if (!insert)
+                return NULL;
+            e->w = w, e->next = NULL, e->next_bytes = 0;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* A product with weight w (bytes long) is about to run: records it as the successor of the
+   product before (a decode step runs the same products in the same order every step, and
+   the last one, lm_head, is followed by the next step's first), and gives the weight that
+   followed w the last time with the bytes of it to prefetch (*pf NULL: none known, or the
+   prefetch is off). The table is forgotten when device memory is freed (eng_cuda.cu). */
+static void s_pf_step(ecu_state_t *st, const void *w, size_t bytes, const char **pf,
+                      unsigned long long *pf_bytes)
+{
+    *pf = NULL, *pf_bytes = 0;
+    if (!st->pf_max)
+        return;
+    if (st->pf_last && st->pf_last != w) {
+        ecu_pf_t *e = s_pf_find(st, st->pf_last, true);
+        if (e)
+            e->next = w, e->next_bytes = bytes;
+    }
+    st->pf_last = w;
+    const ecu_pf_t *e = s_pf_find(st, w, false);
+    if (e && e->next && e->next != w) {
+        size_t b = e->next_bytes < st->pf_max ? e->next_bytes : st->pf_max;
+        *pf = (const char *)e->next, *pf_bytes = b & ~(size_t)15;
+        if (*pf_bytes == 0 || (uintptr_t)e->next % 16)
+            *pf = NULL, *pf_bytes = 0;
+    }
+}
+
 /* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= ECU_GEMV_MAX
-   (16-byte aligned rows), cuBLASLt above. */
+   (16-byte aligned rows), cuBLASLt above. pf / pf_bytes: the GEMV's successor prefetch. */
 static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, const void *bias,
-                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
+                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc,
+                    const char *pf = NULL, unsigned long long pf_bytes = 0)
 {
     if (in_dim % 8) {
         ANV_ERROR("cuda matmul: in_dim %d is not a multiple of 8", in_dim);
@@ -651,6 +1027,7 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
         s_gemv_args_t a = {};
         a.out = out, a.x = x, a.bias = bias, a.n = n, a.in_dim = in_dim, a.out_dim = out_dim;
         a.epi = acc ? ENG_LIN_ADD : ENG_LIN_PLAIN;
+        a.pf = pf, a.pf_bytes = pf_bytes;
         int rc = s_gemv_launch(st, w, dtype, a);
         return rc < 0 ? rc : rc == 1 ? 0 : ANV_EINTERNAL; /* plain rows always fit */
     }
@@ -658,9 +1035,18 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
     size_t total = (size_t)n * in_dim;
     if (dtype != ENG_DTYPE_F32) {
         ECU_TRY(ecu_buf_reserve(&st->xconv, total * 2));
-        if (dtype == ENG_DTYPE_BF16)
+        /* total is a multiple of 8 (in_dim is); a 16-byte aligned x takes 4 a thread (the
+           scalar kernel ran at 1.4 TB/s on the H200 at batch 256) */
+        const bool v4 = (uintptr_t)x % 16 == 0;
+        if (dtype == ENG_DTYPE_BF16 && v4)
+            s_round4_kernel<<<s_grid(st, total / 4), 256, 0, st->stream>>>(
+                (__nv_bfloat16 *)st->xconv.ptr, (const float4 *)x, total / 4);
+        else if (dtype == ENG_DTYPE_BF16)
             s_round_kernel<<<s_grid(st, total), 256, 0, st->stream>>>(
                 (__nv_bfloat16 *)st->xconv.ptr, x, total);
+        else if (v4)
+            s_round4_kernel<<<s_grid(st, total / 4), 256, 0, st->stream>>>(
+                (__half *)st->xconv.ptr, (const float4 *)x, total / 4);
         else
             s_round_kernel<<<s_grid(st, total), 256, 0, st->stream>>>((__half *)st->xconv.ptr, x,
                                                                       total);
@@ -676,7 +1062,11 @@ extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const v
     if (!out || !x || !w || n <= 0 || in_dim <= 0 || out_dim <= 0 || ecu_dtype_size(dtype) == 0 ||
         out == x)
         return -EINVAL;
-    return s_matmul(ecu_st(be), out, x, w, bias, dtype, n, in_dim, out_dim, false);
+    ecu_state_t *st = ecu_st(be);
+    const char *pf;
+    unsigned long long pfb;
+    s_pf_step(st, w, (size_t)out_dim * in_dim * ecu_dtype_size(dtype), &pf, &pfb);
+    return s_matmul(st, out, x, w, bias, dtype, n, in_dim, out_dim, false, pf, pfb);
 }
 
 /* linear op by op, for shapes the fused GEMV does not take (more than ECU_GEMV_MAX rows,
@@ -738,16 +1128,19 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
     }
     const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 &&
                          (uintptr_t)f->norm_w % 16 == 0;
+    const char *pf;
+    unsigned long long pfb;
+    s_pf_step(st, w, (size_t)out_dim * in_dim * ecu_dtype_size(dtype), &pf, &pfb);
     if (n <= ECU_GEMV_MAX && aligned && (!f->norm_w || f->norm_dtype == dtype)) {
         s_gemv_args_t a = {};
+        a.pf = pf, a.pf_bytes = pfb;
         a.out = out, a.x = x, a.bias = bias, a.norm_w = f->norm_w, a.eps = f->eps, a.n = n;
         a.in_dim = in_dim, a.out_dim = out_dim, a.epi = f->epi;
         if (f->epi == ENG_LIN_ROPE_KV) {
-            ECU_TRY(ecu_idx(st, ECU_IDX_POS, f->pos, n, &a.pos));
+            ECU_TRY(ecu_rope_table(st, f->pos, n, f->head_dim, f->theta, &a.angles));
             ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &a.slots));
             a.k_cache = f->k_cache, a.v_cache = f->v_cache, a.n_head = f->n_head;
             a.n_kv_head = f->n_kv_head, a.head_dim = f->head_dim, a.kv_dtype = be->kv_dtype;
-            a.theta = f->theta;
         }
         int rc = s_gemv_launch(st, w, dtype, a);
         if (rc != 0)

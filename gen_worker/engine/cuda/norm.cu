@@ -1,13 +1,16 @@
 /*  norm.cu - RMSNorm and the fused residual add + RMSNorm (HF LlamaRMSNorm, fp32 math).
 
-    One block per row: the sum of squares is a block reduction in fp32 (the CPU sums in
-    double; the difference is far below the tolerances), then each element is
+    One block per row, held in registers (up to ECU_NORM_REGS elements a thread): the sum of
+    squares is a block reduction in fp32 (the CPU sums in double; the difference is far below
+    the tolerances), then each element is
     w * (x * rsqrt(mean + eps)) in the CPU's order of operations. The fused form writes the
     updated residual and the normalised row in the same pass, so the residual stream is read
     once and written once per layer half. ecu_rmsnorm_round writes the normalised row
     rounded to bf16 / f16, the input a cuBLASLt product wants (linear's composed path).
 */
 #include "eng_cuda_internal.h"
+
+#define ECU_NORM_REGS 8 /* elements a thread keeps in registers (rows up to 8 x the block) */
 
 template <typename T, bool ADD, typename OT = float>
 static __global__ void s_norm_kernel(OT *out /* (n, dim) OT */,
@@ -20,6 +23,37 @@ static __global__ void s_norm_kernel(OT *out /* (n, dim) OT */,
     ecu_pdl_wait();
     size_t base = (size_t)blockIdx.x * dim;
     float ss = 0.0f;
+    if (dim <= ECU_NORM_REGS * (int)blockDim.x) { /* block-uniform */
+        /* the row in registers: all of a thread's loads in flight at once and no second read
+           (at batch 256 on the H200 the loop below took 5.9 us for a 4096-wide norm, 0.7
+           TB/s); the same elements a thread, summed in the same order: the same bits */
+        float v[ECU_NORM_REGS];
+#pragma unroll
+        for (int k = 0; k < ECU_NORM_REGS; k++) {
+            const int i = threadIdx.x + k * blockDim.x;
+            v[k] = 0.0f;
+            if (i < dim) {
+                v[k] = x[base + i];
+                if (ADD) {
+                    v[k] += delta[base + i];
+                    x[base + i] = v[k];
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < ECU_NORM_REGS; k++)
+            if (threadIdx.x + k * blockDim.x < dim)
+                ss += v[k] * v[k];
+        ss = ecu_block_sum(ss, red);
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+        for (int k = 0; k < ECU_NORM_REGS; k++) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < dim)
+                out[base + i] = ecu_from_f32<OT>(ecu_ld<T>(w, i) * (v[k] * inv));
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = x[base + i];
         if (ADD) {

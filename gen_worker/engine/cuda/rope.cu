@@ -1,9 +1,11 @@
 /*  rope.cu - rotary embedding (HF rotate_half), the paged K/V write, and both fused.
 
     One block per token (the fused rope_kv_store: several, each with a share of the token's
-    heads, so one decode token is not one SM's serial loop). Angles follow the CPU exactly: inv_freq = 1 / powf(theta, 2i / d)
-    (the power taken in double and rounded, as a correctly rounded powf would) and
-    f = pos * inv_freq in fp32, then cosf / sinf (full-precision, not the fast
+    heads, so one decode token is not one SM's serial loop). The angles come from a table of
+    the step's positions built once (ecu_rope_table; shared with the QKV GEMV's rope epilogue
+    and reused by every layer of a prepared step) and follow the CPU exactly: inv_freq =
+    1 / powf(theta, 2i / d) (the power taken in double and rounded, as a correctly rounded
+    powf would) and f = pos * inv_freq in fp32, then cosf / sinf (full-precision, not the fast
     intrinsics: positions reach thousands of radians). The fused rope_kv_store reads one
     stacked q|k|v row per token, writes the rotated q for attention and stores rotated k and
     v straight into the paged pools in the KV dtype (bf16, f32 or fp8 e4m3), so k never makes
@@ -11,19 +13,60 @@
 */
 #include "eng_cuda_internal.h"
 
+/* The rope angles of a step's rows, (n, head_dim / 2) {cos, sin}: computed once a step
+   (ecu_rope_angle: a double pow and full-precision sincos, whose slow path held registers and
+   a stack frame in every QKV GEMV, 113 registers at batch 1 against 80 without the epilogue,
+   and made the batch-256 rope + KV store 15.6 us a layer for 6 MB on the H200) instead of by
+   every row group or pair of every layer. The angles are computed before the PDL wait and
+   stored after it (the kernel before may still read the table of an earlier call). */
+static __global__ void s_rope_angles_kernel(float2 *tab /* (n, head_dim / 2) */,
+                                            const int32_t *pos /* (n) device */, int n,
+                                            int head_dim, float theta)
+{
+    const int hh = head_dim / 2, t = blockIdx.x * blockDim.x + threadIdx.x;
+    float c = 0.0f, s = 0.0f;
+    if (t < n * hh)
+        ecu_rope_angle(pos[t / hh], t % hh, head_dim, theta, &c, &s);
+    ecu_pdl_trigger();
+    ecu_pdl_wait();
+    if (t < n * hh)
+        tab[t] = make_float2(c, s);
+}
+
+int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, float theta,
+                   const float2 **tab)
+{
+    const int32_t *d_pos;
+    ECU_TRY(ecu_idx(st, ECU_IDX_POS, pos, n, &d_pos));
+    const bool prepared = d_pos == st->d_pos && st->step_valid;
+    *tab = (const float2 *)st->rope_tab.ptr;
+    if (prepared && st->rope_tab_ok && st->rope_tab_n == n && st->rope_tab_hd == head_dim &&
+        st->rope_tab_theta == theta)
+        return 0;
+    const int hh = head_dim / 2;
+    st->rope_tab_ok = 0; /* until the new table is launched: a grow loses the old one */
+    ECU_TRY(ecu_buf_reserve(&st->rope_tab, (size_t)n * hh * sizeof(float2)));
+    *tab = (const float2 *)st->rope_tab.ptr;
+    ECU_CHECK(ecu_launch(st, s_rope_angles_kernel, dim3((unsigned)((n * hh + 255) / 256)),
+                         dim3(256), 0, (float2 *)st->rope_tab.ptr, d_pos, n, head_dim, theta));
+    st->rope_tab_ok = prepared;
+    st->rope_tab_n = n, st->rope_tab_hd = head_dim, st->rope_tab_theta = theta;
+    return 0;
+}
+
 static __global__ void s_rope_kernel(float *q /* (n_tok, n_head, hd) f32 */,
                                      float *k /* (n_tok, n_kv_head, hd) f32 */,
-                                     const int32_t *pos /* (n_tok) device */, int n_head,
-                                     int n_kv_head, int head_dim, float theta)
+                                     const float2 *angles /* (n_tok, hd / 2) ecu_rope_table */,
+                                     int n_head, int n_kv_head, int head_dim)
 {
-    int t = blockIdx.x, half = head_dim / 2, p = pos[t];
+    int t = blockIdx.x, half = head_dim / 2;
     int n_pairs = (n_head + n_kv_head) * half;
     for (int idx = threadIdx.x; idx < n_pairs; idx += blockDim.x) {
         int h = idx / half, i = idx % half;
         float *x = h < n_head ? q + ((size_t)t * n_head + h) * head_dim
                               : k + ((size_t)t * n_kv_head + (h - n_head)) * head_dim;
-        float c, s;
-        ecu_rope_angle(p, i, head_dim, theta, &c, &s);
+        const float2 cs = angles[(size_t)t * half + i];
+        const float c = cs.x, s = cs.y;
         float a = x[i], b = x[i + half];
         x[i] = a * c - b * s;
         x[i + half] = b * c + a * s;
@@ -34,12 +77,12 @@ extern "C" int ecu_rope(eng_backend_t *be, float *q, float *k, const int32_t *po
                         int n_head, int n_kv_head, int head_dim, float theta)
 {
     ecu_state_t *st = ecu_st(be);
-    const int32_t *d_pos;
+    const float2 *tab;
     if (!q || !k || !pos || n_tok <= 0 || n_head <= 0 || n_kv_head <= 0 || head_dim < 2 ||
         head_dim % 2)
         return -EINVAL;
-    ECU_TRY(ecu_idx(st, ECU_IDX_POS, pos, n_tok, &d_pos));
-    s_rope_kernel<<<n_tok, 256, 0, st->stream>>>(q, k, d_pos, n_head, n_kv_head, head_dim, theta);
+    ECU_TRY(ecu_rope_table(st, pos, n_tok, head_dim, theta, &tab));
+    s_rope_kernel<<<n_tok, 256, 0, st->stream>>>(q, k, tab, n_head, n_kv_head, head_dim);
     ECU_LAUNCHED();
     return 0;
 }
@@ -82,18 +125,18 @@ extern "C" int ecu_kv_store(eng_backend_t *be, void *k_cache, void *v_cache, con
 }
 
 /* grid (n_tok, parts): part y rotates its share of the token's (q and k head, pair) items
-   and copies its share of v, one item per thread, so a decode token's angles (a double pow,
-   cosf and sinf each) are spread over many SMs instead of one block's loop */
+   and copies its share of v, one item per thread, the angles from the step's table */
 template <typename T>
 static __global__ void s_rope_store_kernel(float *q_out /* (n_tok, n_head, hd) f32 */,
                                            const float *qkv /* (n_tok, (nh + 2 nkv) hd) f32 */,
                                            T *k_cache, T *v_cache /* (n_blocks, bs, nkv, hd) */,
-                                           const int32_t *pos, const int32_t *slots /* device */,
-                                           int n_head, int n_kv_head, int head_dim, float theta)
+                                           const float2 *angles /* (n_tok, hd / 2) */,
+                                           const int32_t *slots /* device */, int n_head,
+                                           int n_kv_head, int head_dim)
 {
     ecu_pdl_trigger();
     ecu_pdl_wait();
-    int t = blockIdx.x, half = head_dim / 2, p = pos[t];
+    int t = blockIdx.x, half = head_dim / 2;
     int kv_row = n_kv_head * head_dim;
     const float *src = qkv + (size_t)t * (n_head + 2 * n_kv_head) * head_dim;
     size_t slot = (size_t)slots[t] * kv_row;
@@ -103,8 +146,8 @@ static __global__ void s_rope_store_kernel(float *q_out /* (n_tok, n_head, hd) f
     for (int idx = lo + threadIdx.x; idx < hi; idx += blockDim.x) {
         int h = idx / half, i = idx % half;
         const float *x = src + (size_t)h * head_dim; /* q heads then k heads */
-        float c, s;
-        ecu_rope_angle(p, i, head_dim, theta, &c, &s);
+        const float2 cs = angles[(size_t)t * half + i];
+        const float c = cs.x, s = cs.y;
         float a = x[i], b = x[i + half];
         float ra = a * c - b * s, rb = b * c + a * s;
         if (h < n_head) {
@@ -131,26 +174,27 @@ extern "C" int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *q
                                  int n_tok, int n_head, int n_kv_head, int head_dim, float theta)
 {
     ecu_state_t *st = ecu_st(be);
-    const int32_t *d_pos, *d_slots;
+    const int32_t *d_slots;
+    const float2 *tab;
     if (!q_out || !qkv || !k_cache || !v_cache || !pos || !slots || n_tok <= 0 || n_head <= 0 ||
         n_kv_head <= 0 || head_dim < 2 || head_dim % 2)
         return -EINVAL;
-    ECU_TRY(ecu_idx(st, ECU_IDX_POS, pos, n_tok, &d_pos));
+    ECU_TRY(ecu_rope_table(st, pos, n_tok, head_dim, theta, &tab));
     ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, slots, n_tok, &d_slots));
     int n_pairs = (n_head + n_kv_head) * (head_dim / 2);
     dim3 grid(n_tok, (n_pairs + ECU_ROPE_THREADS - 1) / ECU_ROPE_THREADS), block(ECU_ROPE_THREADS);
     if (be->kv_dtype == ENG_DTYPE_BF16)
         ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_bfloat16>, grid, block, 0,
                              q_out, qkv, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache,
-                             d_pos, d_slots, n_head, n_kv_head, head_dim, theta));
+                             tab, d_slots, n_head, n_kv_head, head_dim));
     else if (be->kv_dtype == ENG_DTYPE_F8E4M3)
         ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_fp8_e4m3>, grid, block, 0,
                              q_out, qkv, (__nv_fp8_e4m3 *)k_cache, (__nv_fp8_e4m3 *)v_cache,
-                             d_pos, d_slots, n_head, n_kv_head, head_dim, theta));
+                             tab, d_slots, n_head, n_kv_head, head_dim));
     else
         ECU_CHECK(ecu_launch(st, s_rope_store_kernel<float>, grid, block, 0, q_out,
-                             qkv, (float *)k_cache, (float *)v_cache, d_pos, d_slots, n_head,
-                             n_kv_head, head_dim, theta));
+                             qkv, (float *)k_cache, (float *)v_cache, tab, d_slots, n_head,
+                             n_kv_head, head_dim));
     return 0;
 }
 

@@ -14,13 +14,14 @@ profiler. A step
 ends with the lm_head product, the kernel with the widest grid of the step (vocab rows); the
 summary covers the kernels after the second-to-last such kernel up to the last one (the
 sampling kernel delimits steps instead wherever it shows, see last_step). It prints
-one line per kernel and grid (name, count, us, MB read+written, GB/s) and a total: the sum of kernel
+one line per kernel, grid and size class (name, count, us, MB read+written, GB/s) and a total: the sum of kernel
 times, the bytes, their rate, and the bench's own ms/step with graphs off for the same batch
 (from a second, unprofiled run) so that the difference is the time between kernels.
 """
 import argparse
 import csv
 import io
+import math
 import os
 import re
 import subprocess
@@ -92,7 +93,10 @@ def summarise(kernels, ms_step=None, out=sys.stdout):
         return 1
     by = {}
     for k in step:
-        key = (short(k["name"]), k["grid"])  # one line per kernel and shape (QKV, O, ...)
+        # one line per kernel, grid and size class of its DRAM traffic (powers of two): the
+        # GEMV of O and of down share kernel and grid at batch 1 and differ 3.5x in bytes
+        cls = int(round(math.log2(k["bytes"]))) if k["bytes"] > 0 else 0
+        key = (short(k["name"]), k["grid"], cls)
         e = by.setdefault(key, {"n": 0, "ns": 0.0, "bytes": 0.0, "grid": k["grid"]})
         e["n"] += 1
         e["ns"] += k["ns"]
