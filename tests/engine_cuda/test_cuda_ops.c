@@ -8,10 +8,9 @@
     attention tests put identical (bf16-representable) values in both. The fused linear op
     (norm folded in; plain, residual-add, SwiGLU and rope + KV store epilogues) is held to the
     CPU's composition of the separate ops. 64 decodes at once (more decode items than the GPU
-    holds blocks) run on the one-shot decode grid, with the KV heads inner and on the
-    persistent grid, each against the CPU and the last two bit for bit against the first.
-    Sampling is checked
-    for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance and
+    holds blocks) run on the default decode grid, with the KV heads inner and with V loaded
+    with K, each against the CPU and the last two bit for bit against the first. Sampling is
+    checked for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance and
     the empirical distribution over many seeds, for the default sampler (blocks a row by
     batch), each fixed one (one block a row, a cluster of 8 blocks a row:
     ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) and the default without its candidate list
@@ -323,28 +322,27 @@ static char *s_env_swap(const char *name, const char *v)
 
 /* Many decodes at once, on the Seed-Coder shape (32 / 8 heads, head_dim 128), in KV dtype
    kv: 64 sequences with contexts spread over 1..700 (split edges included), about 1400
-   (tile, KV head) items, more than a GPU holds blocks at once, so the persistent decode
-   (ANVIL_CUDA_ATTN_PERSIST=1) walks several items a block and fetches the next while it
-   finishes one. The one-shot grid, the grid with the KV heads inner
-   (ANVIL_CUDA_ATTN_KV_INNER=1) and the persistent one are each held to the CPU, and the
-   last two to the first bit for bit (the same arithmetic an item). */
+   (tile, KV head) items, more than a GPU holds blocks at once. The default grid, the grid
+   with the KV heads inner (ANVIL_CUDA_ATTN_KV_INNER=1) and the tensor-core kernel loading V
+   with K (ANVIL_CUDA_ATTN_VLATE=0) are each held to the CPU, and the last two to the first
+   bit for bit (the same arithmetic an item). */
 static void test_attention_decodes(eng_dtype_t kv)
 {
     enum { NS = 64, NB = 3 };
     const int hd = 128, nh = 32, nkv = 8, bs = 16, mb = 44, nb = NS * mb;
-    static const char *const label[NB] = {"one-shot grid", "KV heads inner", "persistent"};
-    static const char *const sw[NB][2] = {{"0", "0"}, {"1", "0"}, {"0", "1"}};
+    static const char *const label[NB] = {"default grid", "KV heads inner", "V with K"};
+    static const char *const sw[NB][2] = {{"0", "1"}, {"1", "1"}, {"0", "0"}};
     char *was_kvi = s_env_swap("ANVIL_CUDA_ATTN_KV_INNER", NULL);
-    char *was_ps = s_env_swap("ANVIL_CUDA_ATTN_PERSIST", NULL);
+    char *was_vl = s_env_swap("ANVIL_CUDA_ATTN_VLATE", NULL);
     eng_backend_t *be[NB];
     for (int i = 0; i < NB; i++) {
         setenv("ANVIL_CUDA_ATTN_KV_INNER", sw[i][0], 1);
-        setenv("ANVIL_CUDA_ATTN_PERSIST", sw[i][1], 1);
+        setenv("ANVIL_CUDA_ATTN_VLATE", sw[i][1], 1);
         be[i] = eng_cuda_backend_new_kv(kv);
     }
     free(s_env_swap("ANVIL_CUDA_ATTN_KV_INNER", was_kvi));
-    free(s_env_swap("ANVIL_CUDA_ATTN_PERSIST", was_ps));
-    free(was_kvi), free(was_ps);
+    free(s_env_swap("ANVIL_CUDA_ATTN_VLATE", was_vl));
+    free(was_kvi), free(was_vl);
     ecu_t_check(be[0] && be[1] && be[2], "backends with each decode grid");
     int32_t q_start[NS + 1], ctx[NS];
     for (int s = 0; s < NS; s++) {
@@ -381,7 +379,7 @@ static void test_attention_decodes(eng_dtype_t kv)
                  eng_dtype_name(kv));
         ecu_t_close(name, got[i], ref, qn, 2e-5);
         if (i > 0) {
-            snprintf(name, sizeof(name), "attention, 64 decodes, %s = one-shot, kv=%s",
+            snprintf(name, sizeof(name), "attention, 64 decodes, %s = default, kv=%s",
                      label[i], eng_dtype_name(kv));
             ecu_t_check(memcmp(got[i], got[0], qn * 4) == 0, name);
         }
@@ -765,7 +763,7 @@ static void s_sample_timing(eng_backend_t *gb, const char *label)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0); /* a log up to the last line even if a kernel faults */
-    /* --only decodes: just the 64-decode test (its three decode grids), for a run under
+    /* --only decodes: just the 64-decode test (its three decode variants), for a run under
        compute-sanitizer (gpu_session's memcheck_dec / racecheck_dec) */
     const bool only_decodes = argc == 3 && !strcmp(argv[1], "--only") &&
                               !strcmp(argv[2], "decodes");
@@ -855,8 +853,8 @@ int main(int argc, char **argv)
             gpuc->destroy(&gpuc);
         }
     }
-    /* last: it builds backends with the unmeasured decode grids (KV heads inner, persistent),
-       so a fault there cannot hide the default path's results above */
+    /* last: it builds backends with the A/B decode variants (KV heads inner, V with K), so a
+       fault there cannot hide the default path's results above */
     test_attention_decodes(ENG_DTYPE_BF16);
     test_attention_decodes(ENG_DTYPE_F8E4M3);
     size_t fr = 0, tot = 0;

@@ -27,8 +27,7 @@
     it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0.
     A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
     default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
-    256 x 2k bf16 / fp8 KV; the persistent tensor-core kernel (PS) x0.93 to x0.97; the fused
-    combine (s_decode_combine) x0.91 to x0.97, x0.3 with PS.
+    256 x 2k bf16 / fp8 KV; the fused combine (s_decode_combine) x0.91 to x0.97.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -530,7 +529,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     s_attn_decode_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
                          const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) T */,
                          const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
-                         int n_dec_tiles /* the persistent mma kernel's; unused here */,
+                         int n_dec_tiles /* unused: the signature both decode kernels share */,
                          const int *tok_part /* (n_tok) */, const int *seq_ctx /* (n_seq) */,
                          const int *block_tables /* (n_seq, mb) */, int max_blocks,
                          int block_size, int n_head, int n_kv_head, float scale,
@@ -776,19 +775,11 @@ static __device__ __forceinline__ void s_vpairs(const unsigned (&r0)[VW],
    registers are not live at once (bf16 at head_dim 128 held 164 registers, 3 blocks an SM);
    two round trips a warp, at 4 blocks an SM. The same values reach the same arithmetic. On the
    H200 (bench_ab, graphs): batch 256 x 2k bf16 KV 8243 -> 8463 tok/s, fp8 10574 -> 11104.
-   PS (ANVIL_CUDA_ATTN_PERSIST=1, st->attn_persist; the A/B): a persistent grid (the blocks
-   that fit at once) walks the items (tile, KV head), KV heads inner, gridDim.x apart. A
-   block looks up its next item (tile, context, block table: the chain of dependent reads
-   that each block of the one-shot grid waits through before its first cache load) while the
-   current item's K and V rows are on their way, and issues the next item's K and V as soon as
-   p.v has used the current ones, so their round trip overlaps the current item's merge and
-   partial writes. No block launch an item. Each item's arithmetic is the one-shot kernel's,
-   so the partials are the same bits. Launch bounds of 3 blocks an SM for bf16 (head_dim 128,
-   G 4: 168 registers, no spills; unbounded it took 205, 2 blocks) and 4 for fp8 (128
-   registers, 24 bytes spilled). */
-template <int HD, int G, typename T, bool VL = false, bool PS = false>
-static __global__ void
-__launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : PS ? (sizeof(T) == 1 ? 4 : 3) : 1)
+   A persistent grid of this kernel (a block fetching its next (tile, KV head)'s plan and rows
+   while it merged the current one; 3 / 4 blocks an SM) ran at x0.93 to x0.97 on the H200 and
+   was removed (2026-12-05). */
+template <int HD, int G, typename T, bool VL = false>
+static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     s_attn_decode_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
                              const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
                              const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
@@ -804,7 +795,6 @@ __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : PS ? (sizeof(T) == 1 ? 4 : 3) : 
 {
     static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
     static_assert(sizeof(T) <= 2, "the mma decode takes bf16 or fp8 KV");
-    static_assert(!(VL && PS), "the persistent decode loads V with K");
     constexpr bool F8 = sizeof(T) == 1;
     constexpr int KS = HD / 16;                    /* k-steps of q.k */
     constexpr int DQ = HD / 4;                     /* dims of a K row a lane loads */
@@ -837,14 +827,6 @@ __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : PS ? (sizeof(T) == 1 ? 4 : 3) : 
         it.pos = lane < it.nvalid ? table[key / block_size] * block_size + key % block_size : 0;
         return true;
     };
-    /* PS: the block's first non-empty item at or after index *at (gridDim.x apart) */
-    const int n_items = n_dec_tiles * n_kv_head;
-    auto next_item = [&](int *at, s_dec_item_t &it) -> bool {
-        for (; *at < n_items; *at += gridDim.x)
-            if (resolve(*at / n_kv_head, *at % n_kv_head, it))
-                return true;
-        return false;
-    };
     /* K rows of keys 8 t + g (the lane's quarter tig), V rows of keys 16 s + 8 h + 2 tig + c
        (the lane's eighth g); rows past the context are zeros (no NaN reaches the mma) */
     unsigned kw[4][KW], vw[2][2][2][VW];
@@ -871,158 +853,133 @@ __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : PS ? (sizeof(T) == 1 ? 4 : 3) : 
 
     /* the plan is read before the PDL wait, see the FMA kernel */
     s_dec_item_t cur;
-    int at = blockIdx.x;
-    if constexpr (PS) {
-        if (!next_item(&at, cur))
-            return;
-    } else {
-        int ti, h;
-        s_dec_block(n_kv_head, &ti, &h);
-        if (!resolve(ti, h, cur))
-            return;
-    }
+    int ti, h;
+    s_dec_block(n_kv_head, &ti, &h);
+    if (!resolve(ti, h, cur))
+        return;
     ecu_pdl_wait();
     load_k(cur);
     if constexpr (!VL)
         load_v(cur);
-    for (;;) {
-        /* q's A fragments: {hi, lo} of dims (4 s, 4 s + 1) then of (4 s + 2, 4 s + 3) of the
-           quarter tig, heads g < G (rows past G are zeros) */
-        for (int idx = threadIdx.x; idx < KS * 32; idx += blockDim.x) {
-            const int s = idx >> 5, ln = idx & 31, gg = ln >> 2, tt = ln & 3;
-            uint4 f = make_uint4(0, 0, 0, 0);
-            if (gg < G) {
-                const float4 x = *(const float4 *)(q + ((size_t)cur.tok * n_head +
-                                                        cur.kvh * G + gg) * HD + tt * DQ + 4 * s);
-                s_hilo<T>(x.x * scale, x.y * scale, f.x, f.y);
-                s_hilo<T>(x.z * scale, x.w * scale, f.z, f.w);
-            }
-            qf[s][ln] = f;
+    /* q's A fragments: {hi, lo} of dims (4 s, 4 s + 1) then of (4 s + 2, 4 s + 3) of the
+       quarter tig, heads g < G (rows past G are zeros) */
+    for (int idx = threadIdx.x; idx < KS * 32; idx += blockDim.x) {
+        const int s = idx >> 5, ln = idx & 31, gg = ln >> 2, tt = ln & 3;
+        uint4 f = make_uint4(0, 0, 0, 0);
+        if (gg < G) {
+            const float4 x = *(const float4 *)(q + ((size_t)cur.tok * n_head +
+                                                    cur.kvh * G + gg) * HD + tt * DQ + 4 * s);
+            s_hilo<T>(x.x * scale, x.y * scale, f.x, f.y);
+            s_hilo<T>(x.z * scale, x.w * scale, f.z, f.w);
         }
-        /* PS: the next item's plan reads, while this item's rows are on their way */
-        s_dec_item_t nxt;
-        bool more = false;
-        if constexpr (PS) {
-            at += gridDim.x;
-            more = next_item(&at, nxt);
-        }
-        __syncthreads();
-
-        /* q.k: four n-tiles of 8 keys */
-        float sacc[4][4];
-#pragma unroll
-        for (int t = 0; t < 4; t++)
-            sacc[t][0] = sacc[t][1] = sacc[t][2] = sacc[t][3] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < KS; s++) {
-            const uint4 a = qf[s][lane];
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-                unsigned b0, b1;
-                if constexpr (F8)
-                    b0 = s_e4m3x2_h2(kw[t][s]), b1 = s_e4m3x2_h2(kw[t][s] >> 16);
-                else
-                    b0 = kw[t][2 * s], b1 = kw[t][2 * s + 1];
-                s_mma16816<T>(sacc[t], a.x, a.y, a.z, a.w, b0, b1);
-            }
-        }
-        if constexpr (VL) /* K is used up: V's round trip overlaps the softmax */
-            load_v(cur);
-        /* softmax of query g over the warp's 32 keys: the lane holds keys 8 t + 2 tig + c,
-           the other three of its group the rest */
-        float pr[4][2], mx = -INFINITY, l = 0.0f;
-#pragma unroll
-        for (int t = 0; t < 4; t++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const bool ok = 8 * t + 2 * tig + c < cur.nvalid;
-                pr[t][c] = ok ? sacc[t][c] + sacc[t][2 + c] : -INFINITY;
-                mx = fmaxf(mx, pr[t][c]);
-            }
-        mx = fmaxf(mx, __shfl_xor_sync(full, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(full, mx, 2));
-#pragma unroll
-        for (int t = 0; t < 4; t++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                pr[t][c] = pr[t][c] == -INFINITY ? 0.0f : __expf(pr[t][c] - mx);
-                l += pr[t][c];
-            }
-        l += __shfl_xor_sync(full, l, 1);
-        l += __shfl_xor_sync(full, l, 2);
-        /* B of p.v, k-step s: rows 2 tig + c from n-tile 2 s, rows 8 + 2 tig + c from 2 s + 1 */
-        unsigned ph[2][2], pl[2][2];
-#pragma unroll
-        for (int s = 0; s < 2; s++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                s_hilo<T>(pr[2 * s + h][0], pr[2 * s + h][1], ph[s][h], pl[s][h]);
-                if constexpr (G <= 4) { /* columns 4..7: p_lo of query g - 4, from lane ^ 16 */
-                    const unsigned o = __shfl_xor_sync(full, pl[s][h], 16);
-                    ph[s][h] = g < 4 ? ph[s][h] : o;
-                }
-            }
-
-        /* p.v: m-tile i holds dims g DV + i (rows g) and g DV + MT + i (rows g + 8) */
-        float oacc[MT][4], oacc2[G > 4 ? MT : 1][4];
-#pragma unroll
-        for (int i = 0; i < MT; i++) {
-            oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-            if constexpr (G > 4)
-                oacc2[i][0] = oacc2[i][1] = oacc2[i][2] = oacc2[i][3] = 0.0f;
-        }
-#pragma unroll
-        for (int s = 0; s < 2; s++) {
-            unsigned a0[DV], a1[DV];
-            s_vpairs<T, VW>(vw[s][0][0], vw[s][0][1], a0);
-            s_vpairs<T, VW>(vw[s][1][0], vw[s][1][1], a1);
-#pragma unroll
-            for (int i = 0; i < MT; i++) {
-                s_mma16816<T>(oacc[i], a0[i], a0[MT + i], a1[i], a1[MT + i], ph[s][0],
-                              ph[s][1]);
-                if constexpr (G > 4)
-                    s_mma16816<T>(oacc2[i], a0[i], a0[MT + i], a1[i], a1[MT + i], pl[s][0],
-                                  pl[s][1]);
-            }
-        }
-        /* the warp's (dim, column) results into shared memory; columns: query n (G = 8: hi +
-           lo summed here), or for G <= 4 hi of query n < 4 and lo of query n - 4 */
-        float *wow = wo[warp] + g * WS + 2 * tig;
-#pragma unroll
-        for (int i = 0; i < MT; i++) {
-            float2 r0 = make_float2(oacc[i][0], oacc[i][1]);
-            float2 r8 = make_float2(oacc[i][2], oacc[i][3]);
-            if constexpr (G > 4) {
-                r0.x += oacc2[i][0], r0.y += oacc2[i][1];
-                r8.x += oacc2[i][2], r8.y += oacc2[i][3];
-            }
-            *(float2 *)(wow + i * 8) = r0;        /* dim g DV + i */
-            *(float2 *)(wow + (MT + i) * 8) = r8; /* dim g DV + MT + i */
-        }
-        if (tig == 0 && g < G)
-            wm[warp][g] = cur.nvalid > 0 ? mx : -INFINITY, wl[warp][g] = l;
-        __syncthreads();
-        /* PS: K and V are used up; the next item's rows go out now, their round trip
-           overlapping this item's merge, partial writes and (fused) combine */
-        if (more) {
-            load_k(nxt);
-            load_v(nxt);
-        }
-        const size_t pi0 = (size_t)(tok_part[cur.tok] + cur.split) * n_head + cur.kvh * G;
-        for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
-            const int qg = idx / HD, d = idx % HD, at2 = (d / DV) * WS + (d % DV) * 8 + qg;
-            s_warps_merge<G>(wm, wl, qg, [&](int w) {
-                return G <= 4 ? wo[w][at2] + wo[w][at2 + 4] : wo[w][at2];
-            }, part_o, part_ml, pi0 + qg, HD, d);
-        }
-        if (fuse_out)
-            s_decode_combine<G>(fuse_out, part_o, part_ml, tok_part, tok_nsplit, counters,
-                                cur.tok, cur.kvh, n_head, n_kv_head, HD);
-        if (!more)
-            break;
-        cur = nxt;
-        __syncthreads(); /* qf, wo, wm and wl are written again */
+        qf[s][ln] = f;
     }
+    __syncthreads();
+
+    /* q.k: four n-tiles of 8 keys */
+    float sacc[4][4];
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+        sacc[t][0] = sacc[t][1] = sacc[t][2] = sacc[t][3] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < KS; s++) {
+        const uint4 a = qf[s][lane];
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            unsigned b0, b1;
+            if constexpr (F8)
+                b0 = s_e4m3x2_h2(kw[t][s]), b1 = s_e4m3x2_h2(kw[t][s] >> 16);
+            else
+                b0 = kw[t][2 * s], b1 = kw[t][2 * s + 1];
+            s_mma16816<T>(sacc[t], a.x, a.y, a.z, a.w, b0, b1);
+        }
+    }
+    if constexpr (VL) /* K is used up: V's round trip overlaps the softmax */
+        load_v(cur);
+    /* softmax of query g over the warp's 32 keys: the lane holds keys 8 t + 2 tig + c,
+       the other three of its group the rest */
+    float pr[4][2], mx = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const bool ok = 8 * t + 2 * tig + c < cur.nvalid;
+            pr[t][c] = ok ? sacc[t][c] + sacc[t][2 + c] : -INFINITY;
+            mx = fmaxf(mx, pr[t][c]);
+        }
+    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 2));
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            pr[t][c] = pr[t][c] == -INFINITY ? 0.0f : __expf(pr[t][c] - mx);
+            l += pr[t][c];
+        }
+    l += __shfl_xor_sync(full, l, 1);
+    l += __shfl_xor_sync(full, l, 2);
+    /* B of p.v, k-step s: rows 2 tig + c from n-tile 2 s, rows 8 + 2 tig + c from 2 s + 1 */
+    unsigned ph[2][2], pl[2][2];
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            s_hilo<T>(pr[2 * s + h][0], pr[2 * s + h][1], ph[s][h], pl[s][h]);
+            if constexpr (G <= 4) { /* columns 4..7: p_lo of query g - 4, from lane ^ 16 */
+                const unsigned o = __shfl_xor_sync(full, pl[s][h], 16);
+                ph[s][h] = g < 4 ? ph[s][h] : o;
+            }
+        }
+
+    /* p.v: m-tile i holds dims g DV + i (rows g) and g DV + MT + i (rows g + 8) */
+    float oacc[MT][4], oacc2[G > 4 ? MT : 1][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+        if constexpr (G > 4)
+            oacc2[i][0] = oacc2[i][1] = oacc2[i][2] = oacc2[i][3] = 0.0f;
+    }
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        unsigned a0[DV], a1[DV];
+        s_vpairs<T, VW>(vw[s][0][0], vw[s][0][1], a0);
+        s_vpairs<T, VW>(vw[s][1][0], vw[s][1][1], a1);
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            s_mma16816<T>(oacc[i], a0[i], a0[MT + i], a1[i], a1[MT + i], ph[s][0],
+                          ph[s][1]);
+            if constexpr (G > 4)
+                s_mma16816<T>(oacc2[i], a0[i], a0[MT + i], a1[i], a1[MT + i], pl[s][0],
+                              pl[s][1]);
+        }
+    }
+    /* the warp's (dim, column) results into shared memory; columns: query n (G = 8: hi +
+       lo summed here), or for G <= 4 hi of query n < 4 and lo of query n - 4 */
+    float *wow = wo[warp] + g * WS + 2 * tig;
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        float2 r0 = make_float2(oacc[i][0], oacc[i][1]);
+        float2 r8 = make_float2(oacc[i][2], oacc[i][3]);
+        if constexpr (G > 4) {
+            r0.x += oacc2[i][0], r0.y += oacc2[i][1];
+            r8.x += oacc2[i][2], r8.y += oacc2[i][3];
+        }
+        *(float2 *)(wow + i * 8) = r0;        /* dim g DV + i */
+        *(float2 *)(wow + (MT + i) * 8) = r8; /* dim g DV + MT + i */
+    }
+    if (tig == 0 && g < G)
+        wm[warp][g] = cur.nvalid > 0 ? mx : -INFINITY, wl[warp][g] = l;
+    __syncthreads();
+    const size_t pi0 = (size_t)(tok_part[cur.tok] + cur.split) * n_head + cur.kvh * G;
+    for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+        const int qg = idx / HD, d = idx % HD, at2 = (d / DV) * WS + (d % DV) * 8 + qg;
+        s_warps_merge<G>(wm, wl, qg, [&](int w) {
+            return G <= 4 ? wo[w][at2] + wo[w][at2 + 4] : wo[w][at2];
+        }, part_o, part_ml, pi0 + qg, HD, d);
+    }
+    if (fuse_out)
+        s_decode_combine<G>(fuse_out, part_o, part_ml, tok_part, tok_nsplit, counters,
+                            cur.tok, cur.kvh, n_head, n_kv_head, HD);
 }
 
 /* One block (blockDim.x = head_dim) per (token, head): s_combine_head. */
@@ -1088,21 +1045,8 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
     auto kernel = s_attn_decode_kernel<HD, G, T>; /* the decode kernels share a signature */
     if constexpr ((G == 4 || G == 8) && sizeof(T) <= 2)
         if (st->attn_mma) {
-            if (st->attn_persist) {
-                /* as many blocks as fit at once (asked once per instantiation) */
-                static int per_sm = 0;
-                kernel = s_attn_decode_mma_kernel<HD, G, T, false, true>;
-                if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                        &per_sm, kernel, ECU_ATTN_WARPS * 32, 0) != cudaSuccess ||
-                                    per_sm <= 0))
-                    per_sm = 1;
-                const long items = (long)p->n_dec_tiles * n_kv_head;
-                const long slots = (long)st->n_sm * per_sm;
-                grid = dim3((unsigned)(items < slots ? items : slots));
-            } else {
-                kernel = st->attn_vlate ? s_attn_decode_mma_kernel<HD, G, T, true>
-                                        : s_attn_decode_mma_kernel<HD, G, T>;
-            }
+            kernel = st->attn_vlate ? s_attn_decode_mma_kernel<HD, G, T, true>
+                                    : s_attn_decode_mma_kernel<HD, G, T>;
         }
     ECU_CHECK(ecu_launch(st, kernel, grid, dim3(ECU_ATTN_WARPS * 32), 0, q, (const T *)kc,
                          (const T *)vc, (const int4 *)p->tiles, p->n_dec_tiles, p->tok_part,

@@ -440,7 +440,6 @@ static void s_destroy(eng_backend_t **be_p)
                 cudaEventDestroy(st->stage_ev[i]);
         }
         ecu_buf_release(&st->lt_ws);
-        ecu_buf_release(&st->lt_tune_out);
         ecu_buf_release(&st->xconv);
         ecu_buf_release(&st->lin_x);
         ecu_buf_release(&st->lin_y);
@@ -499,7 +498,6 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         goto fail;
     }
     st->n_sm = prop.multiProcessorCount;
-    st->smem_per_sm = prop.sharedMemPerMultiprocessor ? prop.sharedMemPerMultiprocessor : 1;
     {
         /* programmatic dependent launch needs sm_90; ANVIL_CUDA_PDL=0 turns it off (A/B) */
         const char *pdl = getenv("ANVIL_CUDA_PDL");
@@ -507,17 +505,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_PERSIST=0: a block per row group for every GEMV (A/B, matmul.cu) */
         const char *gp = getenv("ANVIL_CUDA_GEMV_PERSIST");
         st->gemv_persist = !(gp && strcmp(gp, "0") == 0);
-        /* ANVIL_CUDA_GEMV_RING=1: the GEMV streams its weights through a cp.async ring in
-           shared memory (matmul.cu; A/B) */
-        const char *gr = getenv("ANVIL_CUDA_GEMV_RING");
-        st->gemv_ring = gr && strcmp(gr, "1") == 0;
         /* ANVIL_CUDA_GEMV_WAVES: resident waves the GEMV's column segments aim for (2.5) */
         const char *gw = getenv("ANVIL_CUDA_GEMV_WAVES");
         st->gemv_waves2 = gw && atof(gw) >= 0.5 && atof(gw) <= 64 ? (int)(atof(gw) * 2) : 5;
-        /* ANVIL_CUDA_GEMV_FOLD=1: the norm folded into W as it is read at every batch, no
-           staged input (matmul.cu; A/B) */
-        const char *gf = getenv("ANVIL_CUDA_GEMV_FOLD");
-        st->gemv_fold = gf && strcmp(gf, "1") == 0;
         /* ANVIL_CUDA_PREFETCH_MB=M: a GEMV's last blocks prefetch the first M MB of the next
            product's weights into L2 (matmul.cu; off by default, the A/B) */
         const char *pm = getenv("ANVIL_CUDA_PREFETCH_MB");
@@ -531,19 +521,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            at batch 256, level at batch 1. ANVIL_CUDA_ATTN_VLATE=0 loads V with K (A/B) */
         const char *av = getenv("ANVIL_CUDA_ATTN_VLATE");
         st->attn_vlate = !(av && strcmp(av, "0") == 0);
-        /* ANVIL_CUDA_LT_TUNE=1: the first cuBLASLt product of a decode shape times the
-           heuristic's candidates and keeps the fastest (matmul.cu; A/B) */
-        const char *lt = getenv("ANVIL_CUDA_LT_TUNE");
-        st->lt_tune = lt && strcmp(lt, "1") == 0;
         /* ANVIL_CUDA_ATTN_KV_INNER=1: the decode kernels' blocks run the KV heads of a tile
            next to each other (a position's cache row read at once; attention.cu; A/B) */
         const char *ak = getenv("ANVIL_CUDA_ATTN_KV_INNER");
         st->attn_kv_inner = ak && strcmp(ak, "1") == 0;
-        /* ANVIL_CUDA_ATTN_PERSIST=1: the tensor-core decode on a persistent grid, each block
-           fetching its next item's rows while it finishes the current one (attention.cu;
-           A/B; takes precedence over VLATE) */
-        const char *ap = getenv("ANVIL_CUDA_ATTN_PERSIST");
-        st->attn_persist = ap && strcmp(ap, "1") == 0;
         /* ANVIL_CUDA_ATTN_FUSE=1: the last decode block of a token merges its partials (no
            combine kernel for decode; attention.cu; A/B) */
         const char *af = getenv("ANVIL_CUDA_ATTN_FUSE");
@@ -601,18 +582,13 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->linear = ecu_linear;
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, prefetch %zu "
-             "MB%s, decode attention %s%s%s%s, sampler %s%s",
+             "MB, decode attention %s%s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
-             st->gemv_ring      ? "persistent, cp.async ring"
-             : st->gemv_fold    ? "a block a group, norm folded"
-             : st->gemv_persist ? "persistent (staged norm)"
-                                : "a block a group",
-             st->pf_max >> 20, st->lt_tune ? ", cuBLASLt tuned per decode shape" : "",
+             st->gemv_persist ? "persistent (staged norm)" : "a block a group",
+             st->pf_max >> 20,
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
-             st->attn_mma && st->attn_persist ? ", persistent"
-             : st->attn_mma && st->attn_vlate ? ", V after q.k"
-                                              : "",
+             st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_fuse ? ", fused combine" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"

@@ -128,12 +128,9 @@ typedef struct {
 typedef struct {
     int device;
     int n_sm;
-    size_t smem_per_sm;         /* shared memory an SM can hold (bytes) */
     int pdl;                    /* launch decode kernels with programmatic dependent launch */
     int gemv_persist;           /* persistent grid for the staged-norm GEMVs (matmul.cu) */
-    int gemv_ring;              /* the cp.async ring GEMV (matmul.cu) */
     int gemv_waves2;            /* resident waves x 2 the GEMV's segments aim for (matmul.cu) */
-    int gemv_fold;              /* small batches fold the norm into W too (matmul.cu; A/B) */
     size_t pf_max;              /* bytes of the next product's weights a GEMV prefetches into
                                    L2 as its blocks end (0: off; ANVIL_CUDA_PREFETCH_MB) */
     ecu_pf_t pf[ECU_PF_SLOTS];  /* weight -> the weight of the product after it */
@@ -141,14 +138,11 @@ typedef struct {
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after the softmax (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
-    int attn_persist;           /* persistent, pipelined mma decode (attention.cu; A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;
     ecu_lt_algo_t lt_cache[ECU_LT_CACHE];
     int lt_next;
-    int lt_tune;                /* time cuBLASLt's candidates per decode shape (matmul.cu) */
-    ecu_buf_t lt_tune_out;      /* ... their scratch output */
 
     ecu_buf_t xconv;            /* activations rounded for cuBLASLt */
     ecu_buf_t lin_x, lin_y;     /* linear() composed op by op: normalised input, product */

@@ -21,13 +21,14 @@
     i and i + head_dim/2 of a head for RoPE, then q written out and k, v stored in the paged
     caches; their angles come from a table computed once a step, ecu_rope_table in rope.cu). Larger
     batches compose the same ops from the other kernels (the norm writes the product's rounded
-    input itself, the residual add is cuBLASLt's beta). ANVIL_CUDA_GEMV_RING=1 swaps the
-    GEMV's register pipeline for s_gemv_ring_kernel (the same groups, sums and epilogues; the
-    weights through a cp.async ring in shared memory, on a persistent grid): an A/B, not yet
-    measured. ANVIL_CUDA_PREFETCH_MB (st->pf_max, off by default; not yet measured): a GEMV's
-    last resident wave prefetches the first M MB of the next product's weights into L2 as its
-    blocks end (s_gemv_prefetch), so DRAM keeps working through the kernel's tail and the
-    short kernels after it; which product comes next is learned as they run (s_pf_step).
+    input itself, the residual add is cuBLASLt's beta). ANVIL_CUDA_PREFETCH_MB (st->pf_max,
+    off by default; x0.979 at batch 1 with 16 MB on the H200): a GEMV's last resident wave
+    prefetches the first M MB of the next product's weights into L2 as its blocks end
+    (s_gemv_prefetch), so DRAM keeps working through the kernel's tail and the short kernels
+    after it; which product comes next is learned as they run (s_pf_step). Measured on the
+    H200 and removed (2026-12-05, graphs tok/s at batch 1 against the default): a cp.async
+    ring GEMV on a persistent grid (x0.875), the norm folded into W at batch 1 too (x0.916);
+    and timing cuBLASLt's first 8 candidates per decode shape (x0.987 at batch 256).
 */
 #include "eng_cuda_internal.h"
 
@@ -471,131 +472,6 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     s_gemv_prefetch(a);
 }
 
-/* The ring GEMV (ANVIL_CUDA_GEMV_RING=1, st->gemv_ring): the same work, groups, sums and
-   epilogues as s_gemv_kernel, on a persistent grid, with the weights streamed through a ring
-   of shared memory by cp.async instead of through registers. Each lane keeps ECU_GEMV_RING
-   16-byte pieces (8 weights of its row at columns k, k + 256, ...) in flight, across the end
-   of a row group: while a group's sums are reduced and its epilogue runs, the next group's
-   pieces are already on their way, where the register pipeline held one chunk (and fewer
-   warps an SM, for its registers). A lane's slots are its own (it copies them and reads them
-   back), so cp.async.wait_group is its only synchronisation; a slot is refilled two pieces
-   after it was read. */
-#define ECU_GEMV_RING 8
-#define ECU_GEMV_RING_BLOCKS 4
-
-static __device__ __forceinline__ void s_cp16(void *smem, const void *gmem)
-{
-    const unsigned d = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem) : "memory");
-}
-static __device__ __forceinline__ void s_cp_commit()
-{
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int P> static __device__ __forceinline__ void s_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(P) : "memory");
-}
-
-/* shared memory of the ring: (ECU_GEMV_RING + 1) slots x the 16-byte loads of a piece x 256
-   threads */
-template <typename T> static constexpr size_t s_ring_bytes()
-{
-    return (size_t)(ECU_GEMV_RING + 1) * sizeof(s_raw8<T>) * ECU_GEMV_WARPS * 32;
-}
-
-template <int N, typename T, int NORM, bool ROPE>
-static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
-    s_gemv_ring_kernel(const T *w /* (out_dim, in_dim) T */, const s_gemv_args_t a)
-{
-    constexpr int D = ECU_GEMV_RING, S = D + 1, PW = sizeof(s_raw8<T>) / 16;
-    extern __shared__ float4 dyn4[];
-    float4 *ring = dyn4;                                  /* (S, PW, 256) */
-    float4 *xs4 = dyn4 + (size_t)S * PW * ECU_GEMV_WARPS * 32; /* S_NORM_STAGE: g * x */
-    __shared__ float part[ECU_GEMV_WARPS][N], part_ss[ECU_GEMV_WARPS][N];
-    __shared__ float fin[ECU_GEMV_WARPS][N], row_ss[N];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int segs = a.segs, R = ECU_GEMV_WARPS / segs, lr = warp / segs, seg = warp % segs;
-    const int n = a.n, in_dim = a.in_dim, hd = a.head_dim;
-    const int seg_len = in_dim / segs, k0 = seg * seg_len + lane * 8, kend = (seg + 1) * seg_len;
-    const int P = (seg_len + 255) / 256; /* pieces a lane a group (its last may be past kend) */
-    const T *nw = (const T *)a.norm_w;
-    /* the producer: the next piece to copy (group pb, piece pj, row po) and its slot */
-    int pb = blockIdx.x, pj = 0, ps = 0;
-    int po = pb < a.n_blocks ? s_gemv_row(a.epi, a.out_dim, hd, pb, lr, R) : -1;
-    auto issue = [&]() {
-        if (pb < a.n_blocks) {
-            const int col = k0 + pj * 256;
-            if (po >= 0 && col < kend) {
-                const float4 *src = (const float4 *)(w + (size_t)po * in_dim + col);
-#pragma unroll
-                for (int c = 0; c < PW; c++)
-                    s_cp16(ring + (size_t)(ps * PW + c) * (ECU_GEMV_WARPS * 32) + threadIdx.x,
-                           src + c);
-            }
-            if (++pj == P) {
-                pj = 0;
-                pb += gridDim.x;
-                po = pb < a.n_blocks ? s_gemv_row(a.epi, a.out_dim, hd, pb, lr, R) : -1;
-            }
-        }
-        s_cp_commit(); /* empty past the end: one group a piece keeps wait_group's count */
-        ps = ps + 1 == S ? 0 : ps + 1;
-    };
-    /* weights do not depend on the kernel before: the first pieces go out before the wait */
-#pragma unroll
-    for (int i = 0; i < D - 1; i++)
-        issue();
-    ecu_pdl_wait();
-    ecu_pdl_trigger();
-    if constexpr (NORM == S_NORM_STAGE)
-        s_gemv_stage<N, T>(a, xs4, part_ss, row_ss);
-    int cs = 0; /* the consumer's slot */
-    for (int b = blockIdx.x; b < a.n_blocks; b += gridDim.x) {
-        const int o = s_gemv_row(a.epi, a.out_dim, hd, b, lr, R);
-        const bool live = o >= 0;
-        float resid = 0.0f;
-        if (a.epi == ENG_LIN_ADD && seg == 0 && live && lane < n)
-            resid = a.out[(size_t)lane * a.out_dim + o];
-        float rc = 0.0f, rs = 0.0f;
-        size_t kvo = 0;
-        if constexpr (ROPE)
-            s_rope_prep(a, b, R, &rc, &rs, &kvo);
-        float acc[N], ss[N];
-#pragma unroll
-        for (int r = 0; r < N; r++)
-            acc[r] = 0.0f, ss[r] = 0.0f;
-        for (int j = 0; j < P; j++) {
-            issue();          /* piece q + D - 1, into the slot read two pieces ago */
-            s_cp_wait<D - 1>(); /* piece q has landed */
-            const int k = k0 + j * 256;
-            if (live && k < kend) {
-                s_raw8<T> raw;
-                const float4 *slot = ring + (size_t)cs * PW * (ECU_GEMV_WARPS * 32) + threadIdx.x;
-                if constexpr (PW == 1) {
-                    *(float4 *)&raw.a = slot[0];
-                } else {
-                    *(float4 *)&raw.a = slot[0];
-                    *((float4 *)&raw.a + 1) = slot[ECU_GEMV_WARPS * 32];
-                }
-                if constexpr (NORM == S_NORM_STAGE)
-                    s_fma8<N, T, false, true>(acc, ss, raw, (const float *)xs4, nw, n, in_dim, k);
-                else
-                    s_fma8<N, T, NORM == S_NORM_FOLD, false>(acc, ss, raw, a.x, nw, n, in_dim,
-                                                             k);
-            }
-            cs = cs + 1 == S ? 0 : cs + 1;
-        }
-        s_gemv_finish<N, T, NORM, ROPE>(a, b, o, resid, acc, ss, rc, rs, kvo, part, part_ss, fin,
-                                        row_ss);
-        if (b + (int)gridDim.x < a.n_blocks &&
-            (segs > 1 || a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV))
-            __syncthreads(); /* part and fin are reused by the next group */
-    }
-    s_cp_wait<0>();
-    s_gemv_prefetch(a);
-}
-
 /* Column segments a row for the GEMV: short weight matrices (QKV, O, down at batch 1) fill
    the GPU with too few warps of one row each, and the kernel ends with a partial wave (on the
    H200, ncu: QKV 20.3 us at 54 % of DRAM bandwidth, 768 blocks for 528 resident slots; O 13.7
@@ -606,47 +482,19 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
    fits (the caller composes the ops). */
 template <int N, typename T, int NORM, bool ROPE>
 static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, int head_dim,
-                       size_t smem, long *slots_out)
+                       long *slots_out)
 {
-    /* resident blocks an SM, per instantiation and kernel (the ring kernel's for the last
-       size of its shared memory, which the staged input makes depend on the shape) */
-    static int per_sm = 0, per_sm_ring = 0;
-    static size_t ring_smem = 0;
-    int *ps = &per_sm;
-    if (st->gemv_ring) {
-        const size_t rsmem = s_ring_bytes<T>() + smem;
-        ps = &per_sm_ring;
-        if (rsmem != ring_smem) {
-            /* at most ECU_GEMV_RING_BLOCKS blocks an SM (their rings keep 128 KB in flight),
-               and shared memory for just those, so that L1 keeps room for x (fp32: 56 KB for
-               the down projection) */
-            auto kern = s_gemv_ring_kernel<N, T, NORM, ROPE>;
-            const int carve = (int)((ECU_GEMV_RING_BLOCKS * (rsmem + 1024) * 100 +
-                                     st->smem_per_sm - 1) / st->smem_per_sm);
-            cudaError_t e = cudaFuncSetAttribute(
-                kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                (int)(s_ring_bytes<T>() + ECU_GEMV_STAGE * sizeof(float)));
-            if (e == cudaSuccess)
-                e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                         carve < 100 ? carve : 100);
-            if (e == cudaSuccess)
-                e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(ps, kern, ECU_GEMV_WARPS * 32,
-                                                                  rsmem);
-            if (e != cudaSuccess || *ps <= 0)
-                *ps = 1;
-            if (*ps > ECU_GEMV_RING_BLOCKS)
-                *ps = ECU_GEMV_RING_BLOCKS;
-            ring_smem = rsmem;
-        }
-    } else if (*ps == 0) {
+    static int per_sm = 0; /* resident blocks an SM, per instantiation */
+    if (per_sm == 0) {
         const size_t msmem = NORM == S_NORM_STAGE ? ECU_GEMV_STAGE * sizeof(float) : 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(ps, s_gemv_kernel<N, T, NORM, ROPE>,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm,
+                                                          s_gemv_kernel<N, T, NORM, ROPE>,
                                                           ECU_GEMV_WARPS * 32,
                                                           msmem) != cudaSuccess ||
-            *ps <= 0)
-            *ps = 1;
+            per_sm <= 0)
+            per_sm = 1;
     }
-    const long slots = (long)st->n_sm * *ps;
+    const long slots = (long)st->n_sm * per_sm;
     *slots_out = slots;
     const bool pair = epi == ENG_LIN_SWIGLU || epi == ENG_LIN_ROPE_KV;
     const int max_segs = pair ? ECU_GEMV_WARPS / 2 : ECU_GEMV_WARPS;
@@ -685,9 +533,9 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
     const size_t smem = NORM == S_NORM_STAGE ? (size_t)a.n * a.in_dim * sizeof(float) : 0;
     long slots = 0;
     a.segs = rope ? s_gemv_segs<N, T, NORM, true>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
-                                                  smem, &slots)
+                                                  &slots)
                   : s_gemv_segs<N, T, NORM, false>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
-                                                   smem, &slots);
+                                                   &slots);
     if (a.segs == 0)
         return 0;
     a.n_blocks = (int)s_gemv_blocks(&a);
@@ -698,21 +546,13 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
        memory on a persistent grid as well left them at 1641 us against 1638).
        ANVIL_CUDA_GEMV_PERSIST=0 (st->gemv_persist, read at start): a block per row group for
        all (the A/B). */
-    const bool pgrid = st->gemv_ring || (st->gemv_persist && NORM == S_NORM_STAGE);
+    const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
     const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
     if (a.pf) { /* the last resident wave prefetches */
         a.pf_blocks = (unsigned)((long)grid.x < slots ? (long)grid.x : slots);
         a.pf_first = grid.x - a.pf_blocks;
     }
-    if (st->gemv_ring) {
-        const size_t rsmem = s_ring_bytes<T>() + smem;
-        if (rope)
-            ECU_CHECK(ecu_launch(st, s_gemv_ring_kernel<N, T, NORM, true>, grid,
-                                 dim3(ECU_GEMV_WARPS * 32), rsmem, w, a));
-        else
-            ECU_CHECK(ecu_launch(st, s_gemv_ring_kernel<N, T, NORM, false>, grid,
-                                 dim3(ECU_GEMV_WARPS * 32), rsmem, w, a));
-    } else if (rope)
+    if (rope)
         ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, grid, dim3(ECU_GEMV_WARPS * 32),
                              smem, w, a));
     else
@@ -739,11 +579,10 @@ static int s_gemv_launch_norm(const ecu_state_t *st, const void *w, const s_gemv
 {
     if (!a.norm_w)
         return s_gemv_launch_t<T, S_NORM_NONE>(st, w, a);
-    /* ANVIL_CUDA_GEMV_FOLD=1 (st->gemv_fold): no staged input at small batch either. Each
-       block of the persistent grid stages x * g before its first group, a cost QKV (768
-       groups, 21.7 us a layer at batch 1 on the H200) spreads over fewer groups a block than
-       gate|up (3584); the A/B, not yet measured */
-    if ((long)a.n * a.in_dim <= ECU_GEMV_STAGE && !st->gemv_fold)
+    /* small batches stage x * g in shared memory (each block of the persistent grid, before
+       its first group); folding the norm into W there too ran at x0.916 at batch 1 on the
+       H200 (2026-12-05) */
+    if ((long)a.n * a.in_dim <= ECU_GEMV_STAGE)
         return s_gemv_launch_t<T, S_NORM_STAGE>(st, w, a);
     return s_gemv_launch_t<T, S_NORM_FOLD>(st, w, a);
 }
@@ -800,70 +639,6 @@ static int s_grid(ecu_state_t *st, size_t total)
     return (int)(blocks < cap ? blocks : cap);
 }
 
-/* ANVIL_CUDA_LT_TUNE=1 (st->lt_tune; the A/B): the first product of a shape with n <=
-   ECU_LT_TUNE_MAX_N rows (decode batches, whose shapes repeat every step) times the
-   heuristic's first `found` candidates (ECU_LT_TUNE_REPS runs each after a warm one, into a
-   scratch output) and keeps the fastest in *pick; cuBLASLt's first choice otherwise. It
-   waits for the GPU, so it is skipped while a graph is being captured (the eager step before
-   a capture makes the choice). At batch 256 x 2k (ncu, H200, an earlier session) the
-   products took 6.3 ms a step, ~62 % of bf16 peak, two of them split-K with a 0.28 ms reduce
-   kernel. */
-#define ECU_LT_TUNE_ALGOS 8
-#define ECU_LT_TUNE_MAX_N 512
-#define ECU_LT_TUNE_REPS 5
-
-static int s_lt_tune(ecu_state_t *st, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
-                     cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, const void *w,
-                     const void *xw, const cublasLtMatmulHeuristicResult_t *res, int found,
-                     const float *alpha, const float *beta, int n, int in_dim, int out_dim,
-                     int *pick)
-{
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(st->stream, &cap) != cudaSuccess ||
-        cap != cudaStreamCaptureStatusNone)
-        return -1;
-    const size_t bytes = (size_t)n * out_dim * sizeof(float);
-    ECU_TRY(ecu_buf_reserve(&st->lt_tune_out, bytes));
-    ECU_CHECK(cudaMemsetAsync(st->lt_tune_out.ptr, 0, bytes, st->stream));
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    int rc = -1;
-    float best = 0.0f, first = 0.0f;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
-        goto out;
-    for (int a = 0; a < found; a++) {
-        float *d = (float *)st->lt_tune_out.ptr, ms = 0.0f;
-        bool ok = cublasLtMatmul(st->lt, op, alpha, w, la, xw, lb, beta, d, lc, d, lc,
-                                 &res[a].algo, st->lt_ws.ptr, st->lt_ws.bytes,
-                                 st->stream) == CUBLAS_STATUS_SUCCESS;
-        ok = ok && cudaEventRecord(e0, st->stream) == cudaSuccess;
-        for (int r = 0; ok && r < ECU_LT_TUNE_REPS; r++)
-            ok = cublasLtMatmul(st->lt, op, alpha, w, la, xw, lb, beta, d, lc, d, lc,
-                                &res[a].algo, st->lt_ws.ptr, st->lt_ws.bytes,
-                                st->stream) == CUBLAS_STATUS_SUCCESS;
-        ok = ok && cudaEventRecord(e1, st->stream) == cudaSuccess &&
-             cudaEventSynchronize(e1) == cudaSuccess &&
-             cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
-        if (!ok) { /* a candidate that cannot run is skipped; the stream is still usable */
-            cudaGetLastError();
-            continue;
-        }
-        ms /= ECU_LT_TUNE_REPS;
-        if (a == 0)
-            first = ms;
-        if (rc != 0 || ms < best)
-            best = ms, *pick = a, rc = 0;
-    }
-    if (rc == 0)
-        ANV_INFO("cublasLt tune %dx%dx%d: candidate %d of %d, %.1f us (the heuristic's first: "
-                 "%.1f us)", out_dim, n, in_dim, *pick, found, best * 1e3, first * 1e3);
-out:
-    if (e0)
-        cudaEventDestroy(e0);
-    if (e1)
-        cudaEventDestroy(e1);
-    return rc;
-}
-
 /* cuBLASLt, column-major view: D (out_dim x n) = W^T-as-stored (in x out)^T @ x^T (in x n),
    plus D itself when acc (beta 1: the residual add in the product's epilogue). */
 static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_dtype_t dtype,
@@ -898,28 +673,22 @@ static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_
         }
     }
     if (!hit) {
-        cublasLtMatmulHeuristicResult_t res[ECU_LT_TUNE_ALGOS];
+        cublasLtMatmulHeuristicResult_t res;
         int found = 0;
-        /* ANVIL_CUDA_LT_TUNE=1: the heuristic's first few candidates timed once */
-        const int want = st->lt_tune && n <= ECU_LT_TUNE_MAX_N ? ECU_LT_TUNE_ALGOS : 1;
         if (cublasLtMatmulPreferenceCreate(&pref) ||
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                  &ws, sizeof(ws)) ||
-            cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, want, res, &found) ||
+            cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, 1, &res, &found) ||
             found == 0) {
             ANV_ERROR("cublasLt: no algorithm for a %dx%dx%d %s product", out_dim, n, in_dim,
                       ecu_dtype_name(dtype));
             goto out;
         }
-        int pick = 0;
-        if (found > 1 && s_lt_tune(st, op, la, lb, lc, w, xw, res, found, &alpha, &beta, n,
-                                   in_dim, out_dim, &pick) != 0)
-            pick = 0;
         hit = &st->lt_cache[st->lt_next];
         st->lt_next = (st->lt_next + 1) % ECU_LT_CACHE;
         hit->m = out_dim, hit->n = n, hit->k = in_dim, hit->dtype = dtype, hit->acc = acc;
         hit->valid = 1;
-        hit->algo = res[pick].algo;
+        hit->algo = res.algo;
     }
     {
         cublasStatus_t s = cublasLtMatmul(st->lt, op, &alpha, w, la, xw, lb, &beta, out, lc, out,

@@ -35,64 +35,47 @@
 #   model_fma    test_cuda_model with ANVIL_CUDA_ATTN_MMA=0 (the FMA decode attention; by default
 #                both model tests, GQA 8/2 with bf16 KV, run the tensor-core one)
 #   graphs_fma   test_cuda_graphs with ANVIL_CUDA_ATTN_MMA=0
-#   ops_ring     test_cuda_ops with ANVIL_CUDA_GEMV_RING=1 (the GEMV's cp.async ring)
-#   model_ring   test_cuda_model with ANVIL_CUDA_GEMV_RING=1
-#   graphs_ring  test_cuda_graphs with ANVIL_CUDA_GEMV_RING=1
-#   bench_ring   bf16 then fp8 KV, batch 1 and 256 and batch 256 at 2k, with the register GEMV
-#                and with ANVIL_CUDA_GEMV_RING=1, in turn: the ring's A/B in one session; then
-#                batch 1 with the ring at ANVIL_CUDA_GEMV_WAVES 1, 5 and 10 (its segments);
-#                batch 1 with ANVIL_CUDA_GEMV_FOLD=1 (no staged norm input), register GEMV
-#                then ring
+#   bench_kvs    bf16 then fp8 KV, batch 1 and 256 and batch 256 at 2k, the defaults: the base
+#                of the A/B steps below; then batch 1 at ANVIL_CUDA_GEMV_WAVES 1, 5 and 10 (the
+#                waves the GEMV's column segments aim for; 2.5 by default)
 #   ops_fuse     test_cuda_ops with ANVIL_CUDA_ATTN_FUSE=1 (decode blocks merge their partials)
 #   model_fuse   test_cuda_model with ANVIL_CUDA_ATTN_FUSE=1
 #   graphs_fuse  test_cuda_graphs with ANVIL_CUDA_ATTN_FUSE=1
-#   bench_fuse   bench_ring's bf16 runs with ANVIL_CUDA_ATTN_FUSE=1 (register GEMV): the fused
-#                combine's side of the A/B against bench_ring's first run
+#   bench_fuse   bench_kvs's bf16 runs with ANVIL_CUDA_ATTN_FUSE=1: the fused combine's side of
+#                the A/B against bench_kvs's first run
 #   bench_list   bench_fuse's runs without it, with ANVIL_CUDA_SAMPLE_LIST=0 (the sampler reads the
-#                whole row in every pass): the candidate list's A/B against bench_ring's first run
+#                whole row in every pass): the candidate list's A/B against bench_kvs's first run
 #   model_pf     test_cuda_model with ANVIL_CUDA_PREFETCH_MB=16 (the successor prefetch: a hint,
 #                so the same results; checks that nothing faults)
 #   graphs_pf    test_cuda_graphs with ANVIL_CUDA_PREFETCH_MB=16
-#   bench_pf     batch 1, bf16 KV, graphs: ANVIL_CUDA_PREFETCH_MB 0, 8, 16 and 32 with the
-#                register GEMV, then 16 with the ring: the successor prefetch's A/B
+#   bench_pf     batch 1, bf16 KV, graphs: ANVIL_CUDA_PREFETCH_MB 0, 8, 16 and 32: the successor
+#                prefetch's A/B
 #   ops_vlate    test_cuda_ops with ANVIL_CUDA_ATTN_VLATE=0 (the tensor-core decode loads V
 #                with K, the default's A/B; by default V is loaded after q.k)
-#   bench_vlate  bench_ring's register-GEMV runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=0:
-#                the A/B against bench_ring's
+#   bench_vlate  bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=0: the
+#                A/B against bench_kvs's
 #   ops_kvi      test_cuda_ops with ANVIL_CUDA_ATTN_KV_INNER=1 (the decode grid runs a tile's
 #                KV heads next to each other)
 #   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
-#   bench_kvi    bench_ring's register-GEMV runs (bf16 then fp8 KV) with
-#                ANVIL_CUDA_ATTN_KV_INNER=1: the A/B against bench_ring's
-#   ops_ltt, model_ltt: test_cuda_ops / test_cuda_model with ANVIL_CUDA_LT_TUNE=1 (cuBLASLt's
-#                candidates timed per decode shape, the fastest kept)
-#   ops_persist  test_cuda_ops with ANVIL_CUDA_ATTN_PERSIST=1 (the tensor-core decode on a
-#                persistent grid, fetching a block's next item while it finishes the current)
-#   ops_pfuse    the same with ANVIL_CUDA_ATTN_FUSE=1 as well
-#   model_persist, graphs_persist: test_cuda_model / test_cuda_graphs with it
-#   bench_persist bench_ring's register-GEMV runs (bf16 then fp8 KV) with
-#                ANVIL_CUDA_ATTN_PERSIST=1: the A/B against bench_ring's
-#   bench_ab     every unmeasured switch (ring, fold, prefetch, fuse, sample list, KV heads
-#                inner, persistent decode, VLATE, cuBLASLt tuning, and the batch-1
-#                combination) against the
-#                default, in short runs: batch 1, batch 256, batch 256 x 2k bf16 and fp8 (the
-#                default first and last in each group); ~6 minutes
+#   bench_kvi    bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_KV_INNER=1: the
+#                A/B against bench_kvs's
+#   bench_ab     every A/B switch (prefetch, fuse, sample list, KV heads inner, V with K)
+#                against the default, in short runs: batch 1, batch 256, batch 256 x 2k bf16 and
+#                fp8 (the default first and last in each group); ~4 minutes
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
 #   memcheck     memcheck.sh: compute-sanitizer memcheck on a short whole-model run
 #   memcheck_fma the same with ANVIL_CUDA_ATTN_MMA=0
-#   memcheck_ring the same with ANVIL_CUDA_GEMV_RING=1
-#   memcheck_dec memcheck on test_cuda_ops --only decodes: 64 decodes on the one-shot, the
-#                KV-heads-inner and the persistent decode grids (a block walks several items)
-#   racecheck_dec the same under racecheck (shared memory reused from item to item)
+#   memcheck_dec memcheck on test_cuda_ops --only decodes: 64 decodes on the default and the
+#                KV-heads-inner decode grids and with V loaded with K
+#   racecheck_dec the same under racecheck
 #   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
 #                (time, DRAM bytes, GB/s) and the time between kernels
 #   kernels_b256 the same for one batch-256 step at 2k context (ncu_step.py --ctx-len 2048):
 #                where the "10k tok/s at batch 256 x 2k" goal's time goes
 #   kernels_fma  the batch-256 x 2k step with fp8 KV, by the mma decode (OUT/fp8) and by the FMA
 #                decode (OUT/fma, ANVIL_CUDA_ATTN_MMA=0)
-#   kernels_ring the batch-1 step with ANVIL_CUDA_GEMV_RING=1 (OUT/ring)
 #
 # The device tool brings back only a few files from $OUT: give OUT outside it and tar it,
 #   gpu_session.sh build-gpu /tmp/gpu; tar czf $OUT/gpu.tgz -C /tmp gpu
@@ -242,74 +225,55 @@ step ops_test 90 "$T_OPS"
 step model_test 90 "$T_MODEL"
 step model_fma 90 env ANVIL_CUDA_ATTN_MMA=0 "$T_MODEL"
 step graphs_fma 90 env ANVIL_CUDA_ATTN_MMA=0 "$T_GRAPHS"
-step ops_ring 90 env ANVIL_CUDA_GEMV_RING=1 "$T_OPS"
-step model_ring 90 env ANVIL_CUDA_GEMV_RING=1 "$T_MODEL"
-step graphs_ring 90 env ANVIL_CUDA_GEMV_RING=1 "$T_GRAPHS"
 if [ $DRY = 1 ]; then
-    RING_ARGS=(--backend cpu --shape tiny --threads 4 --batches 1 --prompt 16 --new 8
+    KV_ARGS=(--backend cpu --shape tiny --threads 4 --batches 1 --prompt 16 --new 8
                --ctx-batch 4 --ctx-len 64 --ctx-new 8 --grpo-prompts 0)
-    RING_B1=(--backend cpu --shape tiny --threads 4 --batches 1 --prompt 16 --new 8
+    B1_ARGS=(--backend cpu --shape tiny --threads 4 --batches 1 --prompt 16 --new 8
              --ctx-batch 0 --grpo-prompts 0)
-    RING_KVS=f32
+    KV_LIST=f32
 else
     # shellcheck disable=SC2054
-    RING_ARGS=(--cuda-graphs --batches 1,256 --prompt 512 --new 128 --ctx-batch 256
+    KV_ARGS=(--cuda-graphs --batches 1,256 --prompt 512 --new 128 --ctx-batch 256
                --ctx-len 2048 --ctx-new 256 --grpo-prompts 0)
-    RING_B1=(--cuda-graphs --batches 1 --prompt 512 --new 128 --ctx-batch 0 --grpo-prompts 0)
-    RING_KVS="bf16 fp8"
+    B1_ARGS=(--cuda-graphs --batches 1 --prompt 512 --new 128 --ctx-batch 0 --grpo-prompts 0)
+    KV_LIST="bf16 fp8"
 fi
-step bench_ring 360 env RING_KVS="$RING_KVS" bash -c 'b=$0; n=$1; shift
+step bench_kvs 240 env KV_LIST="$KV_LIST" bash -c 'b=$0; n=$1; shift
         a=("${@:1:$n}"); b1=("${@:$((n + 1))}")
-        for kv in $RING_KVS; do
-            for r in 0 1; do
-                echo "== kv $kv ANVIL_CUDA_GEMV_RING=$r"
-                ANVIL_CUDA_GEMV_RING=$r "$b" --kv-dtype $kv "${a[@]}" || exit 1
-            done
+        for kv in $KV_LIST; do
+            echo "== kv $kv"
+            "$b" --kv-dtype $kv "${a[@]}" || exit 1
         done
         for wv in 1 5 10; do
-            echo "== kv default ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_WAVES=$wv"
-            ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_WAVES=$wv "$b" "${b1[@]}" || exit 1
-        done
-        for r in 0 1; do
-            echo "== kv default ANVIL_CUDA_GEMV_RING=$r ANVIL_CUDA_GEMV_FOLD=1"
-            ANVIL_CUDA_GEMV_RING=$r ANVIL_CUDA_GEMV_FOLD=1 "$b" "${b1[@]}" || exit 1
-        done' "$BENCH" "${#RING_ARGS[@]}" "${RING_ARGS[@]}" "${RING_B1[@]}"
+            echo "== kv default ANVIL_CUDA_GEMV_WAVES=$wv"
+            ANVIL_CUDA_GEMV_WAVES=$wv "$b" "${b1[@]}" || exit 1
+        done' "$BENCH" "${#KV_ARGS[@]}" "${KV_ARGS[@]}" "${B1_ARGS[@]}"
 step ops_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_OPS"
 step model_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_MODEL"
 step graphs_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_GRAPHS"
-step bench_fuse 120 env ANVIL_CUDA_ATTN_FUSE=1 "$BENCH" "${RING_ARGS[@]}"
-step bench_list 120 env ANVIL_CUDA_SAMPLE_LIST=0 "$BENCH" "${RING_ARGS[@]}"
+step bench_fuse 120 env ANVIL_CUDA_ATTN_FUSE=1 "$BENCH" "${KV_ARGS[@]}"
+step bench_list 120 env ANVIL_CUDA_SAMPLE_LIST=0 "$BENCH" "${KV_ARGS[@]}"
 step ops_vlate 90 env ANVIL_CUDA_ATTN_VLATE=0 "$T_OPS"
-# bench_ring's register-GEMV runs for each KV dtype with one switch set ($1, NAME=VALUE)
+# bench_kvs's first runs for each KV dtype with one switch set ($1, NAME=VALUE)
 KV_AB='b=$0; sw=$1; shift
-        for kv in $RING_KVS; do
+        for kv in $KV_LIST; do
             echo "== kv $kv $sw"
             env "$sw" "$b" --kv-dtype $kv "$@" || exit 1
         done'
-step bench_vlate 150 env RING_KVS="$RING_KVS" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_VLATE=0 \
-    "${RING_ARGS[@]}"
+step bench_vlate 150 env KV_LIST="$KV_LIST" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_VLATE=0 \
+    "${KV_ARGS[@]}"
 step ops_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_OPS"
 step model_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_MODEL"
-step bench_kvi 150 env RING_KVS="$RING_KVS" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_KV_INNER=1 \
-    "${RING_ARGS[@]}"
-step ops_ltt 90 env ANVIL_CUDA_LT_TUNE=1 "$T_OPS"
-step model_ltt 90 env ANVIL_CUDA_LT_TUNE=1 "$T_MODEL"
-step ops_persist 90 env ANVIL_CUDA_ATTN_PERSIST=1 "$T_OPS"
-step ops_pfuse 90 env ANVIL_CUDA_ATTN_PERSIST=1 ANVIL_CUDA_ATTN_FUSE=1 "$T_OPS"
-step model_persist 90 env ANVIL_CUDA_ATTN_PERSIST=1 "$T_MODEL"
-step graphs_persist 90 env ANVIL_CUDA_ATTN_PERSIST=1 "$T_GRAPHS"
-step bench_persist 150 env RING_KVS="$RING_KVS" bash -c "$KV_AB" "$BENCH" \
-    ANVIL_CUDA_ATTN_PERSIST=1 "${RING_ARGS[@]}"
+step bench_kvi 150 env KV_LIST="$KV_LIST" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_KV_INNER=1 \
+    "${KV_ARGS[@]}"
 step model_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_MODEL"
 step graphs_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_GRAPHS"
 step bench_pf 200 bash -c 'b=$0
         for mb in 0 8 16 32; do
             echo "== ANVIL_CUDA_PREFETCH_MB=$mb"
             ANVIL_CUDA_PREFETCH_MB=$mb "$b" "$@" || exit 1
-        done
-        echo "== ANVIL_CUDA_PREFETCH_MB=16 ANVIL_CUDA_GEMV_RING=1"
-        ANVIL_CUDA_PREFETCH_MB=16 ANVIL_CUDA_GEMV_RING=1 "$b" "$@"' "$BENCH" "${RING_B1[@]}"
-# bench_ab: every unmeasured switch against the default in one step, in short runs (batch 1
+        done' "$BENCH" "${B1_ARGS[@]}"
+# bench_ab: every A/B switch against the default in one step, in short runs (batch 1
 # 128 new tokens; batch 256 64 new; batch 256 x 2k via decode_ctx, no prefill, 128 new), the
 # default first and last in each group to show the drift between runs
 if [ $DRY = 1 ]; then
@@ -325,31 +289,25 @@ else
     AB_KVS="bf16 fp8"
 fi
 AB_RUNS="b1 -
-b1 ANVIL_CUDA_GEMV_RING=1
-b1 ANVIL_CUDA_GEMV_FOLD=1
-b1 ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_FOLD=1
 b1 ANVIL_CUDA_PREFETCH_MB=16
-b1 ANVIL_CUDA_GEMV_RING=1 ANVIL_CUDA_GEMV_FOLD=1 ANVIL_CUDA_PREFETCH_MB=16
 b1 ANVIL_CUDA_ATTN_FUSE=1
+b1 ANVIL_CUDA_ATTN_KV_INNER=1
+b1 ANVIL_CUDA_ATTN_VLATE=0
 b1 -
 b256 -
 b256 ANVIL_CUDA_SAMPLE_LIST=0
 b256 ANVIL_CUDA_ATTN_FUSE=1
-b256 ANVIL_CUDA_ATTN_PERSIST=1
-b256 ANVIL_CUDA_LT_TUNE=1
+b256 ANVIL_CUDA_ATTN_KV_INNER=1
+b256 ANVIL_CUDA_ATTN_VLATE=0
 b256 -
 ctx16 -
 ctx16 ANVIL_CUDA_ATTN_FUSE=1
 ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
-ctx16 ANVIL_CUDA_ATTN_PERSIST=1
-ctx16 ANVIL_CUDA_ATTN_PERSIST=1 ANVIL_CUDA_ATTN_FUSE=1
 ctx16 ANVIL_CUDA_ATTN_VLATE=0
-ctx16 ANVIL_CUDA_LT_TUNE=1
 ctx16 -
 ctx8 -
+ctx8 ANVIL_CUDA_ATTN_FUSE=1
 ctx8 ANVIL_CUDA_ATTN_KV_INNER=1
-ctx8 ANVIL_CUDA_ATTN_PERSIST=1
-ctx8 ANVIL_CUDA_ATTN_PERSIST=1 ANVIL_CUDA_ATTN_FUSE=1
 ctx8 ANVIL_CUDA_ATTN_VLATE=0
 ctx8 -"
 step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B256="$AB_B256" AB_CTX="$AB_CTX" \
@@ -440,7 +398,6 @@ if [ $DRY = 0 ]; then
 fi
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_fma 120 env ANVIL_CUDA_ATTN_MMA=0 "$TESTS/memcheck.sh" "$T_MODEL"
-step memcheck_ring 120 env ANVIL_CUDA_GEMV_RING=1 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_dec 180 "$TESTS/memcheck.sh" "$T_OPS" --only decodes
 step racecheck_dec 240 "$TESTS/memcheck.sh" --tool racecheck "$T_OPS" --only decodes
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
@@ -451,8 +408,6 @@ if [ $DRY = 0 ] && command -v ncu > /dev/null; then
             "$0" "$1" --bench "$2" --out "$3/fp8" --batch 256 --ctx-len 2048 || exit 1
             ANVIL_CUDA_ATTN_MMA=0 "$0" "$1" --bench "$2" --out "$3/fma" --batch 256 \
                 --ctx-len 2048' "$PY" "$BENCHDIR/ncu_step.py" "$BENCH" "$OUT"
-    step kernels_ring 240 env ANVIL_CUDA_GEMV_RING=1 "$PY" "$BENCHDIR/ncu_step.py" \
-        --bench "$BENCH" --out "$OUT/ring" --batch 1
 else
     log "kernels: needs ncu and the GPU, not run"
 fi
@@ -478,10 +433,8 @@ fi
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fma.log" 2>/dev/null
     echo "== one batch-1 decode step, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels.log" 2>/dev/null
-    echo "== the same step with the GEMV's cp.async ring (ANVIL_CUDA_GEMV_RING=1, ncu)"
-    grep -E "^(kernel|step) " "$OUT/kernels_ring.log" 2>/dev/null
-    echo "== the ring's A/B: bf16 then fp8 KV, register GEMV then ring; ring at 1 / 5 / 10 waves; folded norm"
-    grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ring.log" 2>/dev/null
+    echo "== the A/B base: bf16 then fp8 KV, the defaults; batch 1 at 1 / 5 / 10 GEMV waves"
+    grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_kvs.log" 2>/dev/null
     echo "== the fused decode combine (ANVIL_CUDA_ATTN_FUSE=1), bf16 KV"
     grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fuse.log" 2>/dev/null
     echo "== the sampler without its candidate list (ANVIL_CUDA_SAMPLE_LIST=0), bf16 KV"
@@ -493,8 +446,6 @@ fi
     echo "== every switch against the default (bench_ab; graphs tok/s, ratio to the group's default)"
     [ -f "$OUT/bench_ab.log" ] && "$PY" "$BENCHDIR/bench_ab_table.py" "$OUT/bench_ab.log" 2>&1
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ab.log" 2>/dev/null
-    echo "== the persistent tensor-core decode (ANVIL_CUDA_ATTN_PERSIST=1)"
-    grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_persist.log" 2>/dev/null
     echo "== the successor prefetch (ANVIL_CUDA_PREFETCH_MB), batch 1"
     grep -E "^(==|device|decode)" "$OUT/bench_pf.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
