@@ -10,8 +10,8 @@
     CPU's composition of the separate ops. 64 decodes at once (more decode items than the GPU
     holds blocks) run on the default decode grid, with the KV heads inner and with V loaded
     with K, each against the CPU and the last two bit for bit against the first. Sampling is
-    checked for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance and
-    the empirical distribution over many seeds, for the default sampler (blocks a row by
+    checked for greedy exactness, logprobs, truncation sets, seed determinism, batch
+    invariance and the empirical distribution over many seeds, for the default sampler (blocks a row by
     batch), each fixed one (one block a row, a cluster of 8 blocks a row:
     ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) and the default without its candidate list
     (ANVIL_CUDA_SAMPLE_LIST=0), with the time of a sample call printed for each; rows that

@@ -136,7 +136,7 @@ typedef struct {
     ecu_pf_t pf[ECU_PF_SLOTS];  /* weight -> the weight of the product after it */
     const void *pf_last;        /* the last product's weight */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
-    int attn_vlate;             /* ... loading V after the softmax (attention.cu; default) */
+    int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
