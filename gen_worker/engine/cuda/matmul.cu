@@ -21,15 +21,16 @@
     i and i + head_dim/2 of a head for RoPE, then q written out and k, v stored in the paged
     caches; their angles come from a table computed once a step, ecu_rope_table in rope.cu). Larger
     batches compose the same ops from the other kernels (the norm writes the product's rounded
-    input itself, the residual add is cuBLASLt's beta). ANVIL_CUDA_PREFETCH_MB (st->pf_max,
-    off by default; x0.979 at batch 1 with 16 MB on the H200): a GEMV's last resident wave
-    prefetches the first M MB of the next product's weights into L2 as its blocks end
-    (s_gemv_prefetch), so DRAM keeps working through the kernel's tail and the short kernels
-    after it; which product comes next is learned as they run (s_pf_step). Measured on the
-    H200 and removed (2026-12-05, graphs tok/s at batch 1 against the default): a cp.async
-    ring GEMV on a persistent grid (x0.875), the norm folded into W at batch 1 too (x0.916);
-    and timing cuBLASLt's first 8 candidates per decode shape (x0.987 at batch 256).
+    input itself, the residual add is cuBLASLt's beta). Measured on the H200 and removed
+    (2026-12-05, graphs tok/s at batch 1 against the default): a cp.async ring GEMV on a
+    persistent grid (x0.875), the norm folded into W at batch 1 too (x0.916), a successor
+    prefetch (the last resident wave bulk-prefetching the next product's first 16 MB into
+    L2, x0.979); and timing cuBLASLt's first 8 candidates per decode shape (x0.987 at batch
+    256).
 */
+#include <cuda/ptx>
+#include <type_traits>
+
 #include "eng_cuda_internal.h"
 
 #define ECU_GEMV_MAX 8
@@ -90,37 +91,7 @@ typedef struct {
     const int32_t *slots;    /* ROPE_KV: (n) device */
     const float2 *angles;    /* ROPE_KV: (n, head_dim / 2) {cos, sin} (ecu_rope_table) */
     int n_head, n_kv_head, head_dim, kv_dtype;
-    /* the successor prefetch: the first pf_bytes of the next product's weights, in slices,
-       one a block for blocks pf_first .. pf_first + pf_blocks - 1 (the last resident wave),
-       issued as each block ends; pf NULL: none */
-    const char *pf;
-    unsigned long long pf_bytes;
-    unsigned pf_first, pf_blocks;
 } s_gemv_args_t;
-
-#define ECU_PF_CHUNK 16384 /* bytes a bulk prefetch instruction asks for */
-
-/* This block's slice of the successor prefetch (s_gemv_args_t.pf): bulk L2 prefetches
-   (cp.async.bulk.prefetch, sm_90), a hint with nothing to wait for, issued as the block ends
-   so that the DRAM time of the kernel's tail and of the short kernels after it (attention
-   before O, the sampler before the next step's first QKV) fetches what the next GEMV's first
-   wave reads. Byte counts and offsets are multiples of 16. */
-static __device__ __forceinline__ void s_gemv_prefetch(const s_gemv_args_t &a)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (!a.pf || blockIdx.x < a.pf_first || blockIdx.x - a.pf_first >= a.pf_blocks)
-        return;
-    const unsigned long long slice = (a.pf_bytes / a.pf_blocks + 15) & ~15ull;
-    const unsigned long long s0 = (blockIdx.x - a.pf_first) * slice;
-    const unsigned long long s1 = s0 + slice < a.pf_bytes ? s0 + slice : a.pf_bytes;
-    for (unsigned long long at = s0 + (unsigned long long)threadIdx.x * ECU_PF_CHUNK; at < s1;
-         at += (unsigned long long)blockDim.x * ECU_PF_CHUNK) {
-        const unsigned sz = (unsigned)(s1 - at < ECU_PF_CHUNK ? s1 - at : ECU_PF_CHUNK);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf + at), "r"(sz)
-                     : "memory");
-    }
-#endif
-}
 
 /* acc[r] += the 8 weights at column k times row r of x, for the n <= N live rows. FOLD (the
    norm folded into W): the weights are first scaled by the norm's weights g (once for all
@@ -356,13 +327,18 @@ s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *ac
    paged caches (the fused rope_kv_store; its angles and cache rows are computed as the
    group's weights start to arrive, the first group's before the wait, from the step's
    prepared positions and slots, uploaded before its first kernel). */
-template <int N, typename T, int NORM, bool ROPE>
+template <int N, typename T, int NORM, bool ROPE, int VAR = 0>
 static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     s_gemv_kernel(const T *w /* (out_dim, in_dim) T */, const s_gemv_args_t a)
 {
     /* loads per chunk per lane (a chunk spans U * 256 columns); from 4 rows, 2 keep the
-       kernel within its registers (4 spilled) */
-    constexpr int U = N >= 4 ? 2 : 4;
+       kernel within its registers (4 spilled). VAR > 0 (the stream variants, st->gemv_var):
+       VAR loads a chunk, issued predicated lane by lane, so that a short segment's last
+       partial chunk is in flight with the one before it (and the first group's before the
+       PDL wait); VAR 16: no double buffer, a warp's whole segment of up to 4096 columns
+       issued at once. The same sums in the same order as VAR 0. */
+    constexpr int U = VAR > 0 ? VAR : N >= 4 ? 2 : 4;
+    constexpr bool DB = VAR < 16;
     /* only the staged-norm kernels loop over row groups (a persistent grid); in the others
        the loop's state cost registers (4 blocks an SM at batch 1 -> 3) */
     constexpr bool LOOP = NORM == S_NORM_STAGE;
@@ -379,7 +355,17 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     int b = blockIdx.x, o = s_gemv_row(a.epi, a.out_dim, hd, b, lr, R), k = k0;
     bool full = o >= 0 && k + (U - 1) * 256 < kend;
     s_raw8<T> cur[U];
-    if (full) {
+    /* VAR > 0: chunk loads of the lane's columns from kk, predicated */
+    auto issue = [&](s_raw8<T> *buf, const T *wr, int kk) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (kk + u * 256 < kend)
+                s_load8(buf[u], wr + kk + u * 256);
+    };
+    if constexpr (VAR > 0) {
+        if (o >= 0)
+            issue(cur, w + (size_t)o * in_dim, k0);
+    } else if (full) {
 #pragma unroll
         for (int u = 0; u < U; u++)
             s_load8(cur[u], w + (size_t)o * in_dim + k + u * 256);
@@ -402,6 +388,42 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < N; r++)
             acc[r] = 0.0f, ss[r] = 0.0f;
+        auto fma_chunk = [&](const s_raw8<T> *buf, int kk) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (kk + u * 256 >= kend)
+                    break;
+                if constexpr (NORM == S_NORM_STAGE)
+                    s_fma8<N, T, false, true>(acc, ss, buf[u], (const float *)xs4, nw, n, in_dim,
+                                              kk + u * 256);
+                else
+                    s_fma8<N, T, NORM == S_NORM_FOLD, false>(acc, ss, buf[u], x, nw, n, in_dim,
+                                                             kk + u * 256);
+            }
+        };
+        if constexpr (VAR > 0) {
+            for (int kk = k0; live;) {
+                const int kn = kk + U * 256;
+                if constexpr (DB) {
+                    s_raw8<T> nxt[U];
+                    if (kn < kend)
+                        issue(nxt, wr, kn);
+                    fma_chunk(cur, kk);
+                    if (kn >= kend)
+                        break;
+#pragma unroll
+                    for (int u = 0; u < U; u++)
+                        cur[u] = nxt[u];
+                } else {
+                    fma_chunk(cur, kk);
+                    if (kn >= kend)
+                        break;
+                    issue(cur, wr, kn);
+                }
+                kk = kn;
+            }
+            full = false, k = kend;
+        }
         while (full) {
             const int kn = k + U * 256;
             const bool more = kn + (U - 1) * 256 < kend;
@@ -428,7 +450,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
                     cur[u] = nxt[u];
             }
         }
-        if (live && k < kend) {
+        if (VAR == 0 && live && k < kend) {
             /* the tail, fewer than U pieces: all its loads issued before the first is used
                (one round trip, not one a piece; same sums in the same order) */
             s_raw8<T> tail[U - 1];
@@ -453,7 +475,10 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
         const int bn = LOOP ? b + (int)gridDim.x : a.n_blocks;
         const int on = bn < a.n_blocks ? s_gemv_row(a.epi, a.out_dim, hd, bn, lr, R) : -1;
         full = on >= 0 && k0 + (U - 1) * 256 < kend;
-        if (LOOP && full) {
+        if constexpr (VAR > 0) {
+            if (LOOP && on >= 0)
+                issue(cur, w + (size_t)on * in_dim, k0);
+        } else if (LOOP && full) {
 #pragma unroll
             for (int u = 0; u < U; u++)
                 s_load8(cur[u], w + (size_t)on * in_dim + k0 + u * 256);
@@ -469,7 +494,6 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
         if constexpr (ROPE)
             s_rope_prep(a, b, R, &rc, &rs, &kvo);
     }
-    s_gemv_prefetch(a);
 }
 
 /* Column segments a row for the GEMV: short weight matrices (QKV, O, down at batch 1) fill
@@ -479,8 +503,9 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
    waves of resident blocks (ANVIL_CUDA_GEMV_WAVES, st->gemv_waves2 / 2), while a segment
    keeps >= 1024 columns and divides evenly. Pair epilogues need two rows a block (segs <= 4)
    and, for RoPE, head_dim / 2 a multiple of the pairs a block holds; 0 when no segment count
-   fits (the caller composes the ops). */
-template <int N, typename T, int NORM, bool ROPE>
+   fits (the caller composes the ops). ANVIL_CUDA_GEMV_SEGS (st->gemv_segs, the A/B) fixes
+   the count where it fits. */
+template <int N, typename T, int NORM, bool ROPE, int VAR>
 static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, int head_dim,
                        long *slots_out)
 {
@@ -488,7 +513,7 @@ static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, 
     if (per_sm == 0) {
         const size_t msmem = NORM == S_NORM_STAGE ? ECU_GEMV_STAGE * sizeof(float) : 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm,
-                                                          s_gemv_kernel<N, T, NORM, ROPE>,
+                                                          s_gemv_kernel<N, T, NORM, ROPE, VAR>,
                                                           ECU_GEMV_WARPS * 32,
                                                           msmem) != cudaSuccess ||
             per_sm <= 0)
@@ -499,8 +524,14 @@ static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, 
     const bool pair = epi == ENG_LIN_SWIGLU || epi == ENG_LIN_ROPE_KV;
     const int max_segs = pair ? ECU_GEMV_WARPS / 2 : ECU_GEMV_WARPS;
     int segs = 1;
-    while (segs < max_segs && ((long)out_dim * segs + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS
-                                  < slots * st->gemv_waves2 / 2 &&
+    if (st->gemv_segs > 0) {
+        segs = st->gemv_segs < max_segs ? st->gemv_segs : max_segs;
+        while (segs > 1 && in_dim % (8 * segs) != 0)
+            segs /= 2;
+    }
+    while (st->gemv_segs == 0 && segs < max_segs &&
+           ((long)out_dim * segs + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS <
+               slots * st->gemv_waves2 / 2 &&
            in_dim % (16 * segs) == 0 && in_dim / (2 * segs) >= 1024)
         segs *= 2;
     if (epi == ENG_LIN_ROPE_KV) {
@@ -525,17 +556,18 @@ static unsigned s_gemv_blocks(const s_gemv_args_t *a)
 
 /* 1 when launched, 0 when the shape does not fit the GEMV (the caller composes), < 0 on error.
    The rope epilogue (double pow, full-precision sincos with its slow path) is its own
-   instantiation: in the others it cost registers and a stack frame. */
-template <int N, typename T, int NORM>
-static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
+   instantiation: in the others it cost registers and a stack frame. VAR: the stream variant
+   (s_gemv_kernel; s_gemv_launch_n picks it). */
+template <int N, typename T, int NORM, int VAR = 0>
+static int s_gemv_launch_v(const ecu_state_t *st, const T *w, s_gemv_args_t a)
 {
     const bool rope = a.epi == ENG_LIN_ROPE_KV;
     const size_t smem = NORM == S_NORM_STAGE ? (size_t)a.n * a.in_dim * sizeof(float) : 0;
     long slots = 0;
-    a.segs = rope ? s_gemv_segs<N, T, NORM, true>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
-                                                  &slots)
-                  : s_gemv_segs<N, T, NORM, false>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
-                                                   &slots);
+    a.segs = rope ? s_gemv_segs<N, T, NORM, true, VAR>(st, a.in_dim, a.out_dim, a.epi,
+                                                       a.head_dim, &slots)
+                  : s_gemv_segs<N, T, NORM, false, VAR>(st, a.in_dim, a.out_dim, a.epi,
+                                                        a.head_dim, &slots);
     if (a.segs == 0)
         return 0;
     a.n_blocks = (int)s_gemv_blocks(&a);
@@ -548,17 +580,165 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
        all (the A/B). */
     const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
     const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
-    if (a.pf) { /* the last resident wave prefetches */
-        a.pf_blocks = (unsigned)((long)grid.x < slots ? (long)grid.x : slots);
-        a.pf_first = grid.x - a.pf_blocks;
-    }
     if (rope)
-        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, grid, dim3(ECU_GEMV_WARPS * 32),
-                             smem, w, a));
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true, VAR>, grid,
+                             dim3(ECU_GEMV_WARPS * 32), smem, w, a));
     else
-        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, false>, grid,
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, false, VAR>, grid,
                              dim3(ECU_GEMV_WARPS * 32), smem, w, a));
     return 1;
+}
+
+/* ---- The bulk-copy GEMV (ANVIL_CUDA_GEMV_VAR=32, st->gemv_var; the A/B): one row, bf16
+   weights, no norm, a plain or residual-add epilogue (O and down at batch 1). A block an SM
+   takes a contiguous run of rows, which is one contiguous run of weight bytes, and streams
+   it in chunks of `pc` columns through ECU_BULK_STAGES shared-memory stages: a producer lane
+   issues each chunk as one bulk copy (cp.async.bulk, the TMA engine) completing on the
+   stage's mbarrier, so up to ECU_BULK_STAGES x 4 KB are in flight an SM whatever the
+   registers, and the first stages are issued before the PDL wait. Eight consumer warps take
+   the chunks in turn (chunk i: warp i % 8), each lane 8 columns a 256-column piece against x
+   (read through L1), reduce the chunk in the warp and release the stage; a row's chunk sums
+   are added in column order at the end (fixed order: a row's result does not depend on the
+   schedule, though it is not the default stream's bits). */
+#define ECU_BULK_STAGES 32
+#define ECU_BULK_WARPS 8 /* consumer warps; one more warp holds the producer lane */
+
+/* Columns a chunk: the largest of 2048 / 1024 / 512 / 256 dividing in_dim, 0 if none. */
+static int s_bulk_piece(int in_dim)
+{
+    for (int pc = 2048; pc >= 256; pc /= 2)
+        if (in_dim % pc == 0)
+            return pc;
+    return 0;
+}
+
+static __device__ __forceinline__ void s_bulk_wait(uint64_t *bar, uint32_t parity)
+{
+    while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+    }
+}
+
+static __global__ void __launch_bounds__((ECU_BULK_WARPS + 1) * 32)
+    s_gemv_bulk_kernel(const __nv_bfloat16 *w /* (out_dim, in_dim) */, const s_gemv_args_t a,
+                       int pc /* columns a chunk (s_bulk_piece) */)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char bulk_smem[];
+    __shared__ uint64_t full[ECU_BULK_STAGES], empty[ECU_BULK_STAGES];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = (int)((long)a.out_dim * blockIdx.x / gridDim.x);
+    const int r1 = (int)((long)a.out_dim * (blockIdx.x + 1) / gridDim.x);
+    const int np = a.in_dim / pc, nc = (r1 - r0) * np;
+    const uint32_t bytes = (uint32_t)pc * 2;
+    __nv_bfloat16 *stage = (__nv_bfloat16 *)bulk_smem;
+    float *part = (float *)(bulk_smem + (size_t)ECU_BULK_STAGES * bytes); /* (rows, np) */
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ECU_BULK_STAGES; s++) {
+            cuda::ptx::mbarrier_init(&full[s], 1);
+            cuda::ptx::mbarrier_init(&empty[s], 1);
+        }
+        cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    }
+    __syncthreads();
+    ecu_pdl_trigger();
+    if (warp == ECU_BULK_WARPS) { /* the producer: weights only, so no PDL wait */
+        if (lane == 0) {
+            const char *src = (const char *)(w + (size_t)r0 * a.in_dim);
+            for (int i = 0; i < nc; i++) {
+                const int s = i % ECU_BULK_STAGES;
+                if (i >= ECU_BULK_STAGES)
+                    s_bulk_wait(&empty[s], (uint32_t)((i / ECU_BULK_STAGES - 1) & 1));
+                cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release,
+                                                     cuda::ptx::scope_cta,
+                                                     cuda::ptx::space_shared, &full[s], bytes);
+                cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                         stage + (size_t)s * pc, src + (size_t)i * bytes, bytes,
+                                         &full[s]);
+            }
+        }
+    } else {
+        ecu_pdl_wait(); /* x and the residual come from earlier kernels */
+        for (int i = warp; i < nc; i += ECU_BULK_WARPS) {
+            const int s = i % ECU_BULK_STAGES, p = i % np;
+            s_bulk_wait(&full[s], (uint32_t)((i / ECU_BULK_STAGES) & 1));
+            const __nv_bfloat16 *cw = stage + (size_t)s * pc;
+            float acc = 0.0f;
+            for (int u = 0; u < pc / 256; u++) {
+                s_raw8<__nv_bfloat16> raw;
+                raw.a = *(const uint4 *)(cw + u * 256 + lane * 8);
+                float wf[8];
+                s_widen8(raw, wf);
+                const float4 *xp = (const float4 *)(a.x + (size_t)p * pc + u * 256 + lane * 8);
+                const float4 xa = __ldg(xp), xb = __ldg(xp + 1);
+                acc += wf[0] * xa.x + wf[1] * xa.y + wf[2] * xa.z + wf[3] * xa.w +
+                       wf[4] * xb.x + wf[5] * xb.y + wf[6] * xb.z + wf[7] * xb.w;
+            }
+            __syncwarp();
+            if (lane == 0)
+                cuda::ptx::mbarrier_arrive(&empty[s]);
+            acc = ecu_warp_sum(acc);
+            if (lane == 0)
+                part[i] = acc; /* row i / np, piece p */
+        }
+    }
+    __syncthreads();
+    for (int rl = threadIdx.x; rl < r1 - r0; rl += blockDim.x) {
+        const int o = r0 + rl;
+        float y = 0.0f;
+        for (int p = 0; p < np; p++)
+            y += part[rl * np + p];
+        if (a.bias)
+            y += ecu_ld<__nv_bfloat16>((const __nv_bfloat16 *)a.bias, o);
+        a.out[o] = a.epi == ENG_LIN_ADD ? a.out[o] + y : y;
+    }
+#endif
+}
+
+/* 1 when the bulk GEMV took the product, 0 when its shape does not fit (the caller runs the
+   default), < 0 on error. */
+static int s_gemv_bulk_launch(const ecu_state_t *st, const __nv_bfloat16 *w,
+                              const s_gemv_args_t &a)
+{
+    const int pc = s_bulk_piece(a.in_dim);
+    if (pc == 0 || a.n != 1 || (a.epi != ENG_LIN_PLAIN && a.epi != ENG_LIN_ADD) ||
+        (uintptr_t)w % 16 != 0 || a.out_dim < st->n_sm)
+        return 0;
+    const int g = st->n_sm, rows = (a.out_dim + g - 1) / g;
+    const size_t smem = (size_t)ECU_BULK_STAGES * pc * 2 + (size_t)rows * (a.in_dim / pc) * 4;
+    if (smem > 200 * 1024)
+        return 0;
+    static size_t attr_set = 0; /* the dynamic shared memory the kernel is allowed */
+    if (smem > attr_set) {
+        ECU_CHECK(cudaFuncSetAttribute(s_gemv_bulk_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)(200 * 1024)));
+        attr_set = 200 * 1024;
+    }
+    ECU_CHECK(ecu_launch(st, s_gemv_bulk_kernel, dim3((unsigned)g),
+                         dim3((ECU_BULK_WARPS + 1) * 32), smem, w, a, pc));
+    return 1;
+}
+
+/* The stream variants (ANVIL_CUDA_GEMV_VAR = 4, 8, 16 or 32, st->gemv_var; the A/B) exist
+   for one row of bf16 weights, the batch-1 decode whose bandwidth they are measured for; 32,
+   the bulk-copy GEMV, for the products without a norm or pair epilogue. */
+template <int N, typename T, int NORM>
+static int s_gemv_launch_n(const ecu_state_t *st, const T *w, const s_gemv_args_t &a)
+{
+    if constexpr (N == 1 && std::is_same<T, __nv_bfloat16>::value) {
+        if (st->gemv_var == 32 && NORM == S_NORM_NONE) {
+            const int rc = s_gemv_bulk_launch(st, w, a);
+            if (rc != 0)
+                return rc;
+        }
+        if (st->gemv_var == 4)
+            return s_gemv_launch_v<N, T, NORM, 4>(st, w, a);
+        if (st->gemv_var == 8)
+            return s_gemv_launch_v<N, T, NORM, 8>(st, w, a);
+        if (st->gemv_var == 16)
+            return s_gemv_launch_v<N, T, NORM, 16>(st, w, a);
+    }
+    return s_gemv_launch_v<N, T, NORM>(st, w, a);
 }
 
 template <typename T, int NORM>
@@ -734,57 +914,10 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
     return 0;
 }
 
-/* The successor prefetch's table (st->pf, open addressing on the weight's address): the
-   entry of w, added when insert and there is room; NULL otherwise. */
-static ecu_pf_t *s_pf_find(ecu_state_t *st, const void *w, bool insert)
-{
-    uint64_t h = (uint64_t)(uintptr_t)w >> 8;
-    h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
-    for (int i = 0; i < ECU_PF_SLOTS; i++) {
-        ecu_pf_t *e = &st->pf[(h + (uint64_t)i) % ECU_PF_SLOTS];
-        if (e->w == w)
-            return e;
-        if (!e->w) {
-            if (!insert)
-                return NULL;
-            e->w = w, e->next = NULL, e->next_bytes = 0;
-            return e;
-        }
-    }
-    return NULL;
-}
-
-/* A product with weight w (bytes long) is about to run: records it as the successor of the
-   product before (a decode step runs the same products in the same order every step, and
-   the last one, lm_head, is followed by the next step's first), and gives the weight that
-   followed w the last time with the bytes of it to prefetch (*pf NULL: none known, or the
-   prefetch is off). The table is forgotten when device memory is freed (eng_cuda.cu). */
-static void s_pf_step(ecu_state_t *st, const void *w, size_t bytes, const char **pf,
-                      unsigned long long *pf_bytes)
-{
-    *pf = NULL, *pf_bytes = 0;
-    if (!st->pf_max)
-        return;
-    if (st->pf_last && st->pf_last != w) {
-        ecu_pf_t *e = s_pf_find(st, st->pf_last, true);
-        if (e)
-            e->next = w, e->next_bytes = bytes;
-    }
-    st->pf_last = w;
-    const ecu_pf_t *e = s_pf_find(st, w, false);
-    if (e && e->next && e->next != w) {
-        size_t b = e->next_bytes < st->pf_max ? e->next_bytes : st->pf_max;
-        *pf = (const char *)e->next, *pf_bytes = b & ~(size_t)15;
-        if (*pf_bytes == 0 || (uintptr_t)e->next % 16)
-            *pf = NULL, *pf_bytes = 0;
-    }
-}
-
 /* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= ECU_GEMV_MAX
-   (16-byte aligned rows), cuBLASLt above. pf / pf_bytes: the GEMV's successor prefetch. */
+   (16-byte aligned rows), cuBLASLt above. */
 static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, const void *bias,
-                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc,
-                    const char *pf = NULL, unsigned long long pf_bytes = 0)
+                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
 {
     if (in_dim % 8) {
         ANV_ERROR("cuda matmul: in_dim %d is not a multiple of 8", in_dim);
@@ -796,7 +929,6 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
         s_gemv_args_t a = {};
         a.out = out, a.x = x, a.bias = bias, a.n = n, a.in_dim = in_dim, a.out_dim = out_dim;
         a.epi = acc ? ENG_LIN_ADD : ENG_LIN_PLAIN;
-        a.pf = pf, a.pf_bytes = pf_bytes;
         int rc = s_gemv_launch(st, w, dtype, a);
         return rc < 0 ? rc : rc == 1 ? 0 : ANV_EINTERNAL; /* plain rows always fit */
     }
@@ -831,11 +963,7 @@ extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const v
     if (!out || !x || !w || n <= 0 || in_dim <= 0 || out_dim <= 0 || ecu_dtype_size(dtype) == 0 ||
         out == x)
         return -EINVAL;
-    ecu_state_t *st = ecu_st(be);
-    const char *pf;
-    unsigned long long pfb;
-    s_pf_step(st, w, (size_t)out_dim * in_dim * ecu_dtype_size(dtype), &pf, &pfb);
-    return s_matmul(st, out, x, w, bias, dtype, n, in_dim, out_dim, false, pf, pfb);
+    return s_matmul(ecu_st(be), out, x, w, bias, dtype, n, in_dim, out_dim, false);
 }
 
 /* linear op by op, for shapes the fused GEMV does not take (more than ECU_GEMV_MAX rows,
@@ -897,12 +1025,8 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
     }
     const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 &&
                          (uintptr_t)f->norm_w % 16 == 0;
-    const char *pf;
-    unsigned long long pfb;
-    s_pf_step(st, w, (size_t)out_dim * in_dim * ecu_dtype_size(dtype), &pf, &pfb);
     if (n <= ECU_GEMV_MAX && aligned && (!f->norm_w || f->norm_dtype == dtype)) {
         s_gemv_args_t a = {};
-        a.pf = pf, a.pf_bytes = pfb;
         a.out = out, a.x = x, a.bias = bias, a.norm_w = f->norm_w, a.eps = f->eps, a.n = n;
         a.in_dim = in_dim, a.out_dim = out_dim, a.epi = f->epi;
         if (f->epi == ENG_LIN_ROPE_KV) {
