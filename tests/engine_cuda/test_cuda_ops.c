@@ -506,9 +506,10 @@ static void test_linears(void)
    stream variant at every fixed segment count (and the automatic one) against the CPU, on
    each epilogue, with a 14336-column ADD (down's shape: segments of 1792 to 14336 columns,
    partial chunks), and bit for bit equal to the default stream at the same segments (the
-   same sums in the same order). The bulk-copy GEMV (var 32: no norm, plain or add; its own
-   sum order) against the CPU on chunks of 2048, 1024 and 256 columns, with a bias, and on
-   shapes it leaves to the default (a norm, fewer rows than SMs). */
+   same sums in the same order). The bulk-copy GEMV (var 32, its own sum order) against the
+   CPU on every epilogue with and without the norm, chunks of 2048, 1024 and 256 columns,
+   biases, bf16 and fp8 caches, and on shapes it leaves to the default (fewer rows than SMs,
+   batch 3). */
 static void test_linear_variants(void)
 {
     static const int vars[] = {0, 4, 8, 16}, segss[] = {0, 1, 2, 4, 8};
@@ -547,7 +548,17 @@ static void test_linear_variants(void)
     test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 1280, 1000, 0, 1);
     test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 4096, 100, 0, 0);
     test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 4096, 600, 1, 0);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 1024, 155, 1, 1);
     test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 1, 4096, 1400, 1, 0);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 1, 1536, 600, 0, 1);
+    eng_backend_t *rbe[2] = {gpu, gpu8};
+    for (int i = 0; i < 2; i++) {
+        ecu_t_check(eng_cuda_gemv_config(rbe[i], 32, 0) == 0, "eng_cuda_gemv_config 32");
+        test_linear(rbe[i], ENG_DTYPE_BF16, ENG_LIN_ROPE_KV, 1, 4096, 1536, 1, 0);
+        test_linear(rbe[i], ENG_DTYPE_BF16, ENG_LIN_ROPE_KV, 1, 2048, 1536, 1, 1);
+    }
+    eng_cuda_gemv_config(gpu8, 0, 0);
+    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 4096, 100, 1, 0);
     test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ADD, 3, 4096, 1000, 0, 0);
     ecu_t_check(eng_cuda_gemv_config(gpu, 3, 0) != 0 && eng_cuda_gemv_config(gpu, 0, 3) != 0 &&
                     eng_cuda_gemv_config(cpu, 0, 0) != 0,

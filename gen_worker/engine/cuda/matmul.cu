@@ -231,6 +231,36 @@ static __device__ __forceinline__ void s_gemv_stage(const s_gemv_args_t &a, floa
     __syncthreads();
 }
 
+/* A pair epilogue's output for row r: va, vb the finished products of rows o0 and its pair
+   (gate j and up j: SwiGLU into out; dims i and i + head_dim/2 of a head: RoPE by the angle
+   (rc, rs), q written out, k and v stored in the caches at row offset kvo). */
+template <bool ROPE>
+static __device__ __forceinline__ void s_pair_store(const s_gemv_args_t &a, int r, int o0,
+                                                    float va, float vb, float rc, float rs,
+                                                    size_t kvo)
+{
+    if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
+        a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
+    } else {
+        const int hd = a.head_dim, hh = hd / 2, h = o0 / hd, i = o0 % hd;
+        if (h < a.n_head + a.n_kv_head) {
+            const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
+            if (h < a.n_head) {
+                float *q = a.out + ((size_t)r * a.n_head + h) * hd;
+                q[i] = ra, q[i + hh] = rb;
+            } else {
+                const size_t at = kvo + (size_t)(h - a.n_head) * hd + i;
+                s_kv_put(a.k_cache, a.kv_dtype, at, ra);
+                s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
+            }
+        } else {
+            const size_t at = kvo + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
+            s_kv_put(a.v_cache, a.kv_dtype, at, va);
+            s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
+        }
+    }
+}
+
 /* The end of row group b (this warp's row o, -1 when past the end): each warp's sums reduced
    (lane r < n takes row r's), a row's segments added in segment order by its segment-0 warp,
    then the norm's scale, the bias and the epilogue. Every thread of the block calls it (it
@@ -283,29 +313,8 @@ s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *ac
         __syncthreads();
         const int p = threadIdx.x % half, r = threadIdx.x / half;
         const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R);
-        if (threadIdx.x < half * n && o0 >= 0) {
-            const float va = fin[p][r], vb = fin[p + half][r];
-            if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
-                a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
-            } else {
-                const int hh = hd / 2, h = o0 / hd, i = o0 % hd;
-                if (h < a.n_head + a.n_kv_head) {
-                    const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
-                    if (h < a.n_head) {
-                        float *q = a.out + ((size_t)r * a.n_head + h) * hd;
-                        q[i] = ra, q[i + hh] = rb;
-                    } else {
-                        const size_t at = kvo + (size_t)(h - a.n_head) * hd + i;
-                        s_kv_put(a.k_cache, a.kv_dtype, at, ra);
-                        s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
-                    }
-                } else {
-                    const size_t at = kvo + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
-                    s_kv_put(a.v_cache, a.kv_dtype, at, va);
-                    s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
-                }
-            }
-        }
+        if (threadIdx.x < half * n && o0 >= 0)
+            s_pair_store<ROPE>(a, r, o0, fin[p][r], fin[p + half][r], rc, rs, kvo);
     }
 }
 
@@ -590,16 +599,18 @@ static int s_gemv_launch_v(const ecu_state_t *st, const T *w, s_gemv_args_t a)
 }
 
 /* ---- The bulk-copy GEMV (ANVIL_CUDA_GEMV_VAR=32, st->gemv_var; the A/B): one row, bf16
-   weights, no norm, a plain or residual-add epilogue (O and down at batch 1). A block an SM
-   takes a contiguous run of rows, which is one contiguous run of weight bytes, and streams
-   it in chunks of `pc` columns through ECU_BULK_STAGES shared-memory stages: a producer lane
-   issues each chunk as one bulk copy (cp.async.bulk, the TMA engine) completing on the
-   stage's mbarrier, so up to ECU_BULK_STAGES x 4 KB are in flight an SM whatever the
-   registers, and the first stages are issued before the PDL wait. Eight consumer warps take
-   the chunks in turn (chunk i: warp i % 8), each lane 8 columns a 256-column piece against x
-   (read through L1), reduce the chunk in the warp and release the stage; a row's chunk sums
-   are added in column order at the end (fixed order: a row's result does not depend on the
-   schedule, though it is not the default stream's bits). */
+   weights, every norm mode and epilogue (the batch-1 decode). A block an SM takes a run of
+   output rows and streams their weights in chunks of `pc` columns through ECU_BULK_STAGES
+   shared-memory stages: a producer lane issues each chunk as one bulk copy (cp.async.bulk,
+   the TMA engine) completing on the stage's mbarrier, so up to ECU_BULK_STAGES x 4 KB are in
+   flight an SM whatever the registers, and the first stages are issued before the PDL wait.
+   Eight consumer warps take the chunks in turn (chunk i: warp i % 8), each lane 8 columns a
+   256-column piece against x (read through L1, or the block's staged x * g with the norm),
+   reduce the chunk in the warp and release the stage; a row's chunk sums are added in
+   column order at the end (fixed order: a row's result does not depend on the schedule,
+   though it is not the default stream's bits). Rows are taken in logical order: the
+   identity for the plain and add epilogues, pairs next to each other for SwiGLU (gate j, up
+   j) and RoPE (dims i and i + head_dim/2 of a head), so a block owns whole pairs. */
 #define ECU_BULK_STAGES 32
 #define ECU_BULK_WARPS 8 /* consumer warps; one more warp holds the producer lane */
 
@@ -618,6 +629,19 @@ static __device__ __forceinline__ void s_bulk_wait(uint64_t *bar, uint32_t parit
     }
 }
 
+/* The weight row of logical row l (see above). */
+static __device__ __forceinline__ int s_bulk_row(const s_gemv_args_t &a, int l)
+{
+    if (a.epi == ENG_LIN_SWIGLU)
+        return (l & 1 ? a.out_dim / 2 : 0) + l / 2;
+    if (a.epi == ENG_LIN_ROPE_KV) {
+        const int hh = a.head_dim / 2, q = l / 2;
+        return q / hh * a.head_dim + q % hh + (l & 1 ? hh : 0);
+    }
+    return l;
+}
+
+template <bool STAGE, bool ROPE>
 static __global__ void __launch_bounds__((ECU_BULK_WARPS + 1) * 32)
     s_gemv_bulk_kernel(const __nv_bfloat16 *w /* (out_dim, in_dim) */, const s_gemv_args_t a,
                        int pc /* columns a chunk (s_bulk_piece) */)
@@ -625,13 +649,30 @@ static __global__ void __launch_bounds__((ECU_BULK_WARPS + 1) * 32)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char bulk_smem[];
     __shared__ uint64_t full[ECU_BULK_STAGES], empty[ECU_BULK_STAGES];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r0 = (int)((long)a.out_dim * blockIdx.x / gridDim.x);
-    const int r1 = (int)((long)a.out_dim * (blockIdx.x + 1) / gridDim.x);
-    const int np = a.in_dim / pc, nc = (r1 - r0) * np;
+    __shared__ float wss[ECU_BULK_WARPS + 1], row_ss;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, in_dim = a.in_dim;
+    const bool pair = a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV;
+    /* this block's logical rows [l0, l1): whole pairs for the pair epilogues */
+    const int units = pair ? a.out_dim / 2 : a.out_dim, per = pair ? 2 : 1;
+    const int l0 = per * (int)((long)units * blockIdx.x / gridDim.x);
+    const int l1 = per * (int)((long)units * (blockIdx.x + 1) / gridDim.x);
+    const int np = in_dim / pc, nc = (l1 - l0) * np;
     const uint32_t bytes = (uint32_t)pc * 2;
     __nv_bfloat16 *stage = (__nv_bfloat16 *)bulk_smem;
-    float *part = (float *)(bulk_smem + (size_t)ECU_BULK_STAGES * bytes); /* (rows, np) */
+    float *xs = (float *)(bulk_smem + (size_t)ECU_BULK_STAGES * bytes); /* STAGE: x * g */
+    float *part = xs + (STAGE ? in_dim : 0);                           /* (rows, np) */
+    const bool producer = warp == ECU_BULK_WARPS && lane == 0;
+    auto issue = [&](int i) {
+        const int s = i % ECU_BULK_STAGES;
+        if (i >= ECU_BULK_STAGES)
+            s_bulk_wait(&empty[s], (uint32_t)((i / ECU_BULK_STAGES - 1) & 1));
+        const __nv_bfloat16 *src = w + (size_t)s_bulk_row(a, l0 + i / np) * in_dim +
+                                   (size_t)(i % np) * pc;
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                             cuda::ptx::space_shared, &full[s], bytes);
+        cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                 stage + (size_t)s * pc, src, bytes, &full[s]);
+    };
     if (threadIdx.x == 0) {
         for (int s = 0; s < ECU_BULK_STAGES; s++) {
             cuda::ptx::mbarrier_init(&full[s], 1);
@@ -641,23 +682,36 @@ static __global__ void __launch_bounds__((ECU_BULK_WARPS + 1) * 32)
     }
     __syncthreads();
     ecu_pdl_trigger();
-    if (warp == ECU_BULK_WARPS) { /* the producer: weights only, so no PDL wait */
-        if (lane == 0) {
-            const char *src = (const char *)(w + (size_t)r0 * a.in_dim);
-            for (int i = 0; i < nc; i++) {
-                const int s = i % ECU_BULK_STAGES;
-                if (i >= ECU_BULK_STAGES)
-                    s_bulk_wait(&empty[s], (uint32_t)((i / ECU_BULK_STAGES - 1) & 1));
-                cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release,
-                                                     cuda::ptx::scope_cta,
-                                                     cuda::ptx::space_shared, &full[s], bytes);
-                cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                         stage + (size_t)s * pc, src + (size_t)i * bytes, bytes,
-                                         &full[s]);
-            }
+    /* the first stages: weights only, issued before the wait */
+    const int first = nc < ECU_BULK_STAGES ? nc : ECU_BULK_STAGES;
+    if (producer)
+        for (int i = 0; i < first; i++)
+            issue(i);
+    ecu_pdl_wait(); /* x, the residual, the rope angles come from earlier kernels */
+    if constexpr (STAGE) { /* x * g and x's sum of squares, once a block */
+        const __nv_bfloat16 *nw = (const __nv_bfloat16 *)a.norm_w;
+        float q = 0.0f;
+        for (int k = threadIdx.x; k < in_dim; k += blockDim.x) {
+            const float v = a.x[k];
+            q += v * v;
+            xs[k] = v * ecu_ld<__nv_bfloat16>(nw, k);
         }
-    } else {
-        ecu_pdl_wait(); /* x and the residual come from earlier kernels */
+        q = ecu_warp_sum(q);
+        if (lane == 0)
+            wss[warp] = q;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
+            for (int w9 = 0; w9 <= ECU_BULK_WARPS; w9++)
+                t += wss[w9];
+            row_ss = t;
+        }
+    }
+    const float *xv = STAGE ? xs : a.x;
+    if (producer) {
+        for (int i = first; i < nc; i++)
+            issue(i);
+    } else if (warp < ECU_BULK_WARPS) {
         for (int i = warp; i < nc; i += ECU_BULK_WARPS) {
             const int s = i % ECU_BULK_STAGES, p = i % np;
             s_bulk_wait(&full[s], (uint32_t)((i / ECU_BULK_STAGES) & 1));
@@ -668,8 +722,12 @@ static __global__ void __launch_bounds__((ECU_BULK_WARPS + 1) * 32)
                 raw.a = *(const uint4 *)(cw + u * 256 + lane * 8);
                 float wf[8];
                 s_widen8(raw, wf);
-                const float4 *xp = (const float4 *)(a.x + (size_t)p * pc + u * 256 + lane * 8);
-                const float4 xa = __ldg(xp), xb = __ldg(xp + 1);
+                const float4 *xp = (const float4 *)(xv + (size_t)p * pc + u * 256 + lane * 8);
+                float4 xa, xb;
+                if constexpr (STAGE)
+                    xa = xp[0], xb = xp[1];
+                else
+                    xa = __ldg(xp), xb = __ldg(xp + 1);
                 acc += wf[0] * xa.x + wf[1] * xa.y + wf[2] * xa.z + wf[3] * xa.w +
                        wf[4] * xb.x + wf[5] * xb.y + wf[6] * xb.z + wf[7] * xb.w;
             }
@@ -678,56 +736,88 @@ static __global__ void __launch_bounds__((ECU_BULK_WARPS + 1) * 32)
                 cuda::ptx::mbarrier_arrive(&empty[s]);
             acc = ecu_warp_sum(acc);
             if (lane == 0)
-                part[i] = acc; /* row i / np, piece p */
+                part[i] = acc; /* logical row i / np, piece p */
         }
     }
     __syncthreads();
-    for (int rl = threadIdx.x; rl < r1 - r0; rl += blockDim.x) {
-        const int o = r0 + rl;
+    const float scale = STAGE ? 1.0f / sqrtf(row_ss / (float)in_dim + a.eps) : 1.0f;
+    /* logical row l0 + rl's finished product: its pieces in column order, the norm's scale,
+       the bias */
+    auto fin = [&](int rl) {
         float y = 0.0f;
         for (int p = 0; p < np; p++)
             y += part[rl * np + p];
+        y *= scale;
         if (a.bias)
-            y += ecu_ld<__nv_bfloat16>((const __nv_bfloat16 *)a.bias, o);
-        a.out[o] = a.epi == ENG_LIN_ADD ? a.out[o] + y : y;
+            y += ecu_ld<__nv_bfloat16>((const __nv_bfloat16 *)a.bias, s_bulk_row(a, l0 + rl));
+        return y;
+    };
+    for (int u = threadIdx.x; u < (l1 - l0) / per; u += blockDim.x) {
+        if (!pair) {
+            const int o = l0 + u;
+            const float y = fin(u);
+            a.out[o] = a.epi == ENG_LIN_ADD ? a.out[o] + y : y;
+            continue;
+        }
+        const int o0 = s_bulk_row(a, l0 + 2 * u);
+        float rc = 0.0f, rs = 0.0f;
+        size_t kvo = 0;
+        if constexpr (ROPE) {
+            const int hd = a.head_dim;
+            kvo = (size_t)a.slots[0] * a.n_kv_head * hd;
+            if (o0 / hd < a.n_head + a.n_kv_head) {
+                const float2 cs = a.angles[o0 % hd];
+                rc = cs.x, rs = cs.y;
+            }
+        }
+        s_pair_store<ROPE>(a, 0, o0, fin(2 * u), fin(2 * u + 1), rc, rs, kvo);
     }
 #endif
 }
 
 /* 1 when the bulk GEMV took the product, 0 when its shape does not fit (the caller runs the
    default), < 0 on error. */
+template <int NORM>
 static int s_gemv_bulk_launch(const ecu_state_t *st, const __nv_bfloat16 *w,
                               const s_gemv_args_t &a)
 {
     const int pc = s_bulk_piece(a.in_dim);
-    if (pc == 0 || a.n != 1 || (a.epi != ENG_LIN_PLAIN && a.epi != ENG_LIN_ADD) ||
-        (uintptr_t)w % 16 != 0 || a.out_dim < st->n_sm)
+    const bool pair = a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV;
+    const int units = pair ? a.out_dim / 2 : a.out_dim;
+    if (pc == 0 || a.n != 1 || NORM == S_NORM_FOLD || (uintptr_t)w % 16 != 0 ||
+        units < st->n_sm || (a.epi == ENG_LIN_ROPE_KV && a.head_dim % 2))
         return 0;
-    const int g = st->n_sm, rows = (a.out_dim + g - 1) / g;
-    const size_t smem = (size_t)ECU_BULK_STAGES * pc * 2 + (size_t)rows * (a.in_dim / pc) * 4;
-    if (smem > 200 * 1024)
+    const int g = st->n_sm, rows = (pair ? 2 : 1) * ((units + g - 1) / g);
+    const size_t smem = (size_t)ECU_BULK_STAGES * pc * 2 +
+                        (NORM == S_NORM_STAGE ? (size_t)a.in_dim * 4 : 0) +
+                        (size_t)rows * (a.in_dim / pc) * 4;
+    const size_t cap = 200 * 1024;
+    if (smem > cap)
         return 0;
-    static size_t attr_set = 0; /* the dynamic shared memory the kernel is allowed */
-    if (smem > attr_set) {
-        ECU_CHECK(cudaFuncSetAttribute(s_gemv_bulk_kernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)(200 * 1024)));
-        attr_set = 200 * 1024;
+    constexpr bool STG = NORM == S_NORM_STAGE;
+    auto kernel = a.epi == ENG_LIN_ROPE_KV ? s_gemv_bulk_kernel<STG, true>
+                                           : s_gemv_bulk_kernel<STG, false>;
+    static bool attr_set[2] = {false, false}; /* the dynamic shared memory each may use */
+    bool &set = attr_set[a.epi == ENG_LIN_ROPE_KV];
+    if (!set) {
+        ECU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)cap));
+        set = true;
     }
-    ECU_CHECK(ecu_launch(st, s_gemv_bulk_kernel, dim3((unsigned)g),
-                         dim3((ECU_BULK_WARPS + 1) * 32), smem, w, a, pc));
+    ECU_CHECK(ecu_launch(st, kernel, dim3((unsigned)g), dim3((ECU_BULK_WARPS + 1) * 32), smem,
+                         w, a, pc));
     return 1;
 }
 
 /* The stream variants (ANVIL_CUDA_GEMV_VAR = 4, 8, 16 or 32, st->gemv_var; the A/B) exist
-   for one row of bf16 weights, the batch-1 decode whose bandwidth they are measured for; 32,
-   the bulk-copy GEMV, for the products without a norm or pair epilogue. */
+   for one row of bf16 weights, the batch-1 decode whose bandwidth they are measured for; 32
+   is the bulk-copy GEMV. */
 template <int N, typename T, int NORM>
 static int s_gemv_launch_n(const ecu_state_t *st, const T *w, const s_gemv_args_t &a)
 {
     if constexpr (N == 1 && std::is_same<T, __nv_bfloat16>::value) {
-        if (st->gemv_var == 32 && NORM == S_NORM_NONE) {
-            const int rc = s_gemv_bulk_launch(st, w, a);
+        if (st->gemv_var == 32) {
+            const int rc = s_gemv_bulk_launch<NORM>(st, w, a);
             if (rc != 0)
                 return rc;
         }
