@@ -42,6 +42,9 @@
 #                O, gate|up, down, lm_head) on its own at batch 1 and 4, GB/s against the copy,
 #                for every GEMV stream variant and column-segment count (ANVIL_CUDA_GEMV_VAR,
 #                _SEGS): where the batch-1 GEMVs lose bandwidth, in a few seconds
+#   model_bulk   test_cuda_model with ANVIL_CUDA_GEMV_VAR=32 (the bulk-copy GEMV at batch 1)
+#   graphs_bulk  test_cuda_graphs with ANVIL_CUDA_GEMV_VAR=32 (its kernels inside a graph)
+#   memcheck_bulk memcheck.sh with ANVIL_CUDA_GEMV_VAR=32
 #   ops_vlate    test_cuda_ops with ANVIL_CUDA_ATTN_VLATE=0 (the tensor-core decode loads V
 #                with K, the default's A/B; by default V is loaded after q.k)
 #   bench_vlate  bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=0: the
@@ -249,6 +252,8 @@ else
 fi
 step linear 120 "$BENCH" --batches none --ctx-batch 0 --grpo-prompts 0 --linear-sweep \
     "${LIN_ARGS[@]}"
+step model_bulk 90 env ANVIL_CUDA_GEMV_VAR=32 "$T_MODEL"
+step graphs_bulk 90 env ANVIL_CUDA_GEMV_VAR=32 "$T_GRAPHS"
 step ops_vlate 90 env ANVIL_CUDA_ATTN_VLATE=0 "$T_OPS"
 # bench_kvs's first runs for each KV dtype with one switch set ($1, NAME=VALUE)
 KV_AB='b=$0; sw=$1; shift
@@ -383,6 +388,7 @@ if [ $DRY = 0 ]; then
 fi
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_fma 120 env ANVIL_CUDA_ATTN_MMA=0 "$TESTS/memcheck.sh" "$T_MODEL"
+step memcheck_bulk 120 env ANVIL_CUDA_GEMV_VAR=32 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_dec 180 "$TESTS/memcheck.sh" "$T_OPS" --only decodes
 step racecheck_dec 240 "$TESTS/memcheck.sh" --tool racecheck "$T_OPS" --only decodes
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
