@@ -70,7 +70,7 @@ check "linear run exits 0" $?
 echo "$lin" | grep '^linear '
 for b in 1 3; do
     for p in qkv o gate_up down lm_head layer; do
-        l=$(echo "$lin" | grep "^linear batch=$b var=0 segs=0 product=$p ")
+        l=$(echo "$lin" | grep "^linear batch=$b segs=0 product=$p ")
         [ "$(echo "$l" | grep -c .)" -eq 1 ] &&
             awk -v u="$(field "$l" us)" -v g="$(field "$l" gbps)" \
                 'BEGIN { exit !(u + 0 > 0 && g != "") }'

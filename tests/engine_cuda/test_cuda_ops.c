@@ -394,9 +394,8 @@ static void test_attention_decodes(eng_dtype_t kv)
     free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
 }
 
-/* test_linear_variants' hooks: a tag for the check names, and where to copy the output */
+/* test_linear_segs' tag for the check names */
 static const char *s_lin_tag = "";
-static float *s_lin_copy;
 
 /* linear (the fused matmul) on backend be against the CPU's composition: epilogue epi, the
    norm folded in or not, a bias or not. n <= 8 runs the fused GEMV (fp32 math: tolerance
@@ -446,8 +445,6 @@ static void test_linear(eng_backend_t *be, eng_dtype_t dt, eng_lin_epi_t epi, in
              eng_dtype_name(be->kv_dtype), s_lin_tag);
     ecu_t_check(rc_c == 0 && rc_g == 0, name);
     ecu_t_get(be, got, go, (size_t)n * yd * 4);
-    if (s_lin_copy)
-        memcpy(s_lin_copy, got, (size_t)n * yd * 4);
     double tol = n <= 8 || dt == ENG_DTYPE_F32 ? 2e-5 : dt == ENG_DTYPE_BF16 ? 1e-2 : 2e-3;
     ecu_t_close(name, got, ref, (size_t)n * yd, tol);
     if (epi == ENG_LIN_ROPE_KV) {
@@ -502,70 +499,34 @@ static void test_linears(void)
     }
 }
 
-/* The batch-1 GEMV's A/B knobs (eng_cuda_gemv_config: ANVIL_CUDA_GEMV_VAR, _SEGS): every
-   stream variant at every fixed segment count (and the automatic one) against the CPU, on
-   each epilogue, with a 14336-column ADD (down's shape: segments of 1792 to 14336 columns,
-   partial chunks), and bit for bit equal to the default stream at the same segments (the
-   same sums in the same order). The bulk-copy GEMV (var 32, its own sum order) against the
-   CPU on every epilogue with and without the norm, chunks of 2048, 1024 and 256 columns,
-   biases, bf16 and fp8 caches, and on shapes it leaves to the default (fewer rows than SMs,
-   batch 3). */
-static void test_linear_variants(void)
+/* The GEMV's fixed column segments (eng_cuda_gemv_segs, ANVIL_CUDA_GEMV_SEGS, the A/B of
+   anvil-bench-engine --linear-sweep): every count on every epilogue at batch 1 and 4 against
+   the CPU, with a 14336-column add (down's shape: segments of 1792 to 14336 columns, partial
+   chunks); the counts a shape does not take fall back (pair epilogues: at most 4). */
+static void test_linear_segs(void)
 {
-    static const int vars[] = {0, 4, 8, 16}, segss[] = {0, 1, 2, 4, 8};
+    static const int segss[] = {1, 2, 4, 8};
     static const struct {
         eng_lin_epi_t epi;
-        int in, out, norm, yd;
-    } cs[] = {{ENG_LIN_PLAIN, 4096, 600, 1, 600},
-              {ENG_LIN_ADD, 14336, 512, 0, 512},
-              {ENG_LIN_SWIGLU, 4096, 1400, 1, 700},
-              {ENG_LIN_ROPE_KV, 4096, 1536, 1, 8 * 128}};
-    float *base = malloc(1400 * 4), *got = malloc(1400 * 4);
-    char tag[48], name[96];
-    for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++)
-        for (size_t si = 0; si < sizeof(segss) / sizeof(segss[0]); si++)
-            for (size_t vi = 0; vi < sizeof(vars) / sizeof(vars[0]); vi++) {
-                snprintf(tag, sizeof(tag), " var=%d segs=%d", vars[vi], segss[si]);
-                s_lin_tag = tag;
-                ecu_t_check(eng_cuda_gemv_config(gpu, vars[vi], segss[si]) == 0,
-                            "eng_cuda_gemv_config");
-                ecu_t_rng = 0x9e3779b97f4a7c15ull + c; /* the case's inputs, every time */
-                s_lin_copy = vi == 0 ? base : got;
-                test_linear(gpu, ENG_DTYPE_BF16, cs[c].epi, 1, cs[c].in, cs[c].out, cs[c].norm,
-                            0);
-                if (vi > 0) {
-                    snprintf(name, sizeof(name), "linear epi %d%s: the default stream's bits",
-                             (int)cs[c].epi, tag);
-                    ecu_t_check(memcmp(base, got, (size_t)cs[c].yd * 4) == 0, name);
-                }
-            }
-    char tagb[] = " var=32";
-    s_lin_tag = tagb, s_lin_copy = NULL;
-    ecu_t_check(eng_cuda_gemv_config(gpu, 32, 0) == 0, "eng_cuda_gemv_config 32");
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ADD, 1, 14336, 4096, 0, 0);
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ADD, 1, 4096, 4096, 0, 1);
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 3072, 600, 0, 0);
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 1280, 1000, 0, 1);
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 4096, 100, 0, 0);
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 4096, 600, 1, 0);
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 1024, 155, 1, 1);
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 1, 4096, 1400, 1, 0);
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 1, 1536, 600, 0, 1);
-    eng_backend_t *rbe[2] = {gpu, gpu8};
-    for (int i = 0; i < 2; i++) {
-        ecu_t_check(eng_cuda_gemv_config(rbe[i], 32, 0) == 0, "eng_cuda_gemv_config 32");
-        test_linear(rbe[i], ENG_DTYPE_BF16, ENG_LIN_ROPE_KV, 1, 4096, 1536, 1, 0);
-        test_linear(rbe[i], ENG_DTYPE_BF16, ENG_LIN_ROPE_KV, 1, 2048, 1536, 1, 1);
+        int in, out, norm;
+    } cs[] = {{ENG_LIN_PLAIN, 4096, 600, 1},
+              {ENG_LIN_ADD, 14336, 512, 0},
+              {ENG_LIN_SWIGLU, 4096, 1400, 1},
+              {ENG_LIN_ROPE_KV, 4096, 1536, 1}};
+    char tag[32];
+    for (size_t si = 0; si < sizeof(segss) / sizeof(segss[0]); si++) {
+        snprintf(tag, sizeof(tag), " segs=%d", segss[si]);
+        s_lin_tag = tag;
+        ecu_t_check(eng_cuda_gemv_segs(gpu, segss[si]) == 0, "eng_cuda_gemv_segs");
+        for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++)
+            for (int n = 1; n <= 4; n += 3)
+                test_linear(gpu, ENG_DTYPE_BF16, cs[c].epi, n, cs[c].in, cs[c].out, cs[c].norm, 0);
     }
-    eng_cuda_gemv_config(gpu8, 0, 0);
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_PLAIN, 1, 4096, 100, 1, 0);
-    test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ADD, 3, 4096, 1000, 0, 0);
-    ecu_t_check(eng_cuda_gemv_config(gpu, 3, 0) != 0 && eng_cuda_gemv_config(gpu, 0, 3) != 0 &&
-                    eng_cuda_gemv_config(cpu, 0, 0) != 0,
-                "eng_cuda_gemv_config refuses other values and the CPU backend");
-    eng_cuda_gemv_config(gpu, 0, 0);
-    s_lin_tag = "", s_lin_copy = NULL;
-    free(base), free(got);
+    ecu_t_check(eng_cuda_gemv_segs(gpu, 3) != 0 && eng_cuda_gemv_segs(gpu, 16) != 0 &&
+                    eng_cuda_gemv_segs(cpu, 0) != 0,
+                "eng_cuda_gemv_segs refuses other counts and the CPU backend");
+    eng_cuda_gemv_segs(gpu, 0);
+    s_lin_tag = "";
 }
 
 /* swiglu and the stacked swiglu_fused: ffn 1000 takes the 4-a-thread kernel, 1002 the
@@ -905,7 +866,7 @@ int main(int argc, char **argv)
         mma8->destroy(&mma8);
     test_elementwise();
     test_linears();
-    test_linear_variants();
+    test_linear_segs();
     test_softmax_sample(gpu, "blocks a row by batch (the default)");
     s_sample_timing(gpu, "blocks a row by batch (the default)");
     /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), and the default without its

@@ -403,21 +403,20 @@ extern "C" int eng_cuda_device_name(eng_backend_t *be, char *buf, size_t len)
     return 0;
 }
 
-/* The GEMV's A/B knobs (matmul.cu): -EINVAL, nothing changed, for values it lacks. */
-static int s_gemv_config(ecu_state_t *st, int var, int segs)
+/* The GEMV's column segments a row, fixed (matmul.cu; 0: by the grid's waves). */
+static int s_gemv_segs_set(ecu_state_t *st, int segs)
 {
-    if ((var != 0 && var != 4 && var != 8 && var != 16 && var != 32) ||
-        (segs != 0 && segs != 1 && segs != 2 && segs != 4 && segs != 8))
+    if (segs != 0 && segs != 1 && segs != 2 && segs != 4 && segs != 8)
         return -EINVAL;
-    st->gemv_var = var, st->gemv_segs = segs;
+    st->gemv_segs = segs;
     return 0;
 }
 
-extern "C" int eng_cuda_gemv_config(eng_backend_t *be, int var, int segs)
+extern "C" int eng_cuda_gemv_segs(eng_backend_t *be, int segs)
 {
     if (!be || !be->name || strcmp(be->name, "cuda") != 0)
         return -EINVAL;
-    return s_gemv_config(ecu_st(be), var, segs);
+    return s_gemv_segs_set(ecu_st(be), segs);
 }
 
 extern "C" int eng_cuda_available(void)
@@ -513,12 +512,11 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_WAVES: resident waves the GEMV's column segments aim for (2.5) */
         const char *gw = getenv("ANVIL_CUDA_GEMV_WAVES");
         st->gemv_waves2 = gw && atof(gw) >= 0.5 && atof(gw) <= 64 ? (int)(atof(gw) * 2) : 5;
-        /* ANVIL_CUDA_GEMV_SEGS=1|2|4|8 fixes the column segments a row, ANVIL_CUDA_GEMV_VAR=
-           4|8|16 the batch-1 stream variant (matmul.cu; both A/B, eng_cuda_gemv_config) */
-        const char *gs = getenv("ANVIL_CUDA_GEMV_SEGS"), *gv = getenv("ANVIL_CUDA_GEMV_VAR");
-        if (s_gemv_config(st, gv ? atoi(gv) : 0, gs ? atoi(gs) : 0))
-            ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_VAR=%s / ANVIL_CUDA_GEMV_SEGS=%s ignored "
-                     "(0, 4, 8, 16, 32 / 0, 1, 2, 4, 8)", gv ? gv : "", gs ? gs : "");
+        /* ANVIL_CUDA_GEMV_SEGS=1|2|4|8 fixes the GEMV's column segments a row (matmul.cu;
+           A/B, eng_cuda_gemv_segs) */
+        const char *gs = getenv("ANVIL_CUDA_GEMV_SEGS");
+        if (gs && s_gemv_segs_set(st, atoi(gs)))
+            ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_SEGS=%s ignored (0, 1, 2, 4, 8)", gs);
         /* decode attention on tensor cores for bf16 / fp8 KV and 4 or 8 query heads a KV head
            (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");

@@ -43,14 +43,12 @@ int eng_cuda_copy_bandwidth(eng_backend_t *be, size_t bytes, int iters, double *
 int eng_cuda_graph_stats(eng_backend_t *be, long long *captures, long long *launches,
                          long long *eager);
 
-/* The batch-1 GEMV's A/B knobs, for benchmarks (also read at start from
-   $ANVIL_CUDA_GEMV_VAR and $ANVIL_CUDA_GEMV_SEGS): var 0 is the default stream, 4 / 8 / 16
-   the variants of s_gemv_kernel (matmul.cu: loads a chunk, issued predicated, 16 without a
-   double buffer; bf16 weights, one row), 32 the bulk-copy GEMV (products without a norm or
-   pair epilogue); segs 0 chooses the column segments a row by the grid's waves, 1 / 2 / 4 /
-   8 fixes them where the shape allows. Later products use them;
-   -EINVAL (nothing changed) for other values or a backend that is not CUDA. */
-int eng_cuda_gemv_config(eng_backend_t *be, int var, int segs);
+/* Fixes the column segments a row of the small-batch GEMV (matmul.cu) for later products:
+   1, 2, 4 or 8 where the shape allows, 0 to choose them by the grid's waves (the default);
+   also read at start from $ANVIL_CUDA_GEMV_SEGS. For benchmarks (anvil-bench-engine
+   --linear-sweep). -EINVAL (nothing changed) for other values or a backend that is not
+   CUDA. */
+int eng_cuda_gemv_segs(eng_backend_t *be, int segs);
 
 /* Device name into buf (for reports). */
 int eng_cuda_device_name(eng_backend_t *be, char *buf, size_t len);

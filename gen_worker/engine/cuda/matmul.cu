@@ -22,15 +22,15 @@
     caches; their angles come from a table computed once a step, ecu_rope_table in rope.cu). Larger
     batches compose the same ops from the other kernels (the norm writes the product's rounded
     input itself, the residual add is cuBLASLt's beta). Measured on the H200 and removed
-    (2026-12-05, graphs tok/s at batch 1 against the default): a cp.async ring GEMV on a
-    persistent grid (x0.875), the norm folded into W at batch 1 too (x0.916), a successor
-    prefetch (the last resident wave bulk-prefetching the next product's first 16 MB into
-    L2, x0.979); and timing cuBLASLt's first 8 candidates per decode shape (x0.987 at batch
-    256).
+    (graphs tok/s at batch 1 against the default): a cp.async ring GEMV on a persistent grid
+    (x0.875), the norm folded into W at batch 1 too (x0.916), a successor prefetch (the last
+    resident wave bulk-prefetching the next product's first 16 MB into L2, x0.979), timing
+    cuBLASLt's first 8 candidates per decode shape (x0.987 at batch 256); and (2026-12-05,
+    `anvil-bench-engine --linear 1 --linear-sweep` for each product on its own, then whole
+    steps) stream variants that issue 4, 8 or 16 predicated loads a chunk (x0.947, x0.863,
+    x0.804) and a bulk-copy GEMV (a block an SM streaming its rows through 32 shared-memory
+    stages of 4 KB filled by cp.async.bulk on mbarriers: 1.8 to 2.0 TB/s a product, x0.519).
 */
-#include <cuda/ptx>
-#include <type_traits>
-
 #include "eng_cuda_internal.h"
 
 #define ECU_GEMV_MAX 8
@@ -231,36 +231,6 @@ static __device__ __forceinline__ void s_gemv_stage(const s_gemv_args_t &a, floa
     __syncthreads();
 }
 
-/* A pair epilogue's output for row r: va, vb the finished products of rows o0 and its pair
-   (gate j and up j: SwiGLU into out; dims i and i + head_dim/2 of a head: RoPE by the angle
-   (rc, rs), q written out, k and v stored in the caches at row offset kvo). */
-template <bool ROPE>
-static __device__ __forceinline__ void s_pair_store(const s_gemv_args_t &a, int r, int o0,
-                                                    float va, float vb, float rc, float rs,
-                                                    size_t kvo)
-{
-    if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
-        a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
-    } else {
-        const int hd = a.head_dim, hh = hd / 2, h = o0 / hd, i = o0 % hd;
-        if (h < a.n_head + a.n_kv_head) {
-            const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
-            if (h < a.n_head) {
-                float *q = a.out + ((size_t)r * a.n_head + h) * hd;
-                q[i] = ra, q[i + hh] = rb;
-            } else {
-                const size_t at = kvo + (size_t)(h - a.n_head) * hd + i;
-                s_kv_put(a.k_cache, a.kv_dtype, at, ra);
-                s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
-            }
-        } else {
-            const size_t at = kvo + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
-            s_kv_put(a.v_cache, a.kv_dtype, at, va);
-            s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
-        }
-    }
-}
-
 /* The end of row group b (this warp's row o, -1 when past the end): each warp's sums reduced
    (lane r < n takes row r's), a row's segments added in segment order by its segment-0 warp,
    then the norm's scale, the bias and the epilogue. Every thread of the block calls it (it
@@ -313,8 +283,29 @@ s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *ac
         __syncthreads();
         const int p = threadIdx.x % half, r = threadIdx.x / half;
         const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R);
-        if (threadIdx.x < half * n && o0 >= 0)
-            s_pair_store<ROPE>(a, r, o0, fin[p][r], fin[p + half][r], rc, rs, kvo);
+        if (threadIdx.x < half * n && o0 >= 0) {
+            const float va = fin[p][r], vb = fin[p + half][r];
+            if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
+                a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
+            } else {
+                const int hh = hd / 2, h = o0 / hd, i = o0 % hd;
+                if (h < a.n_head + a.n_kv_head) {
+                    const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
+                    if (h < a.n_head) {
+                        float *q = a.out + ((size_t)r * a.n_head + h) * hd;
+                        q[i] = ra, q[i + hh] = rb;
+                    } else {
+                        const size_t at = kvo + (size_t)(h - a.n_head) * hd + i;
+                        s_kv_put(a.k_cache, a.kv_dtype, at, ra);
+                        s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
+                    }
+                } else {
+                    const size_t at = kvo + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
+                    s_kv_put(a.v_cache, a.kv_dtype, at, va);
+                    s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
+                }
+            }
+        }
     }
 }
 
@@ -336,18 +327,13 @@ s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *ac
    paged caches (the fused rope_kv_store; its angles and cache rows are computed as the
    group's weights start to arrive, the first group's before the wait, from the step's
    prepared positions and slots, uploaded before its first kernel). */
-template <int N, typename T, int NORM, bool ROPE, int VAR = 0>
+template <int N, typename T, int NORM, bool ROPE>
 static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     s_gemv_kernel(const T *w /* (out_dim, in_dim) T */, const s_gemv_args_t a)
 {
     /* loads per chunk per lane (a chunk spans U * 256 columns); from 4 rows, 2 keep the
-       kernel within its registers (4 spilled). VAR > 0 (the stream variants, st->gemv_var):
-       VAR loads a chunk, issued predicated lane by lane, so that a short segment's last
-       partial chunk is in flight with the one before it (and the first group's before the
-       PDL wait); VAR 16: no double buffer, a warp's whole segment of up to 4096 columns
-       issued at once. The same sums in the same order as VAR 0. */
-    constexpr int U = VAR > 0 ? VAR : N >= 4 ? 2 : 4;
-    constexpr bool DB = VAR < 16;
+       kernel within its registers (4 spilled) */
+    constexpr int U = N >= 4 ? 2 : 4;
     /* only the staged-norm kernels loop over row groups (a persistent grid); in the others
        the loop's state cost registers (4 blocks an SM at batch 1 -> 3) */
     constexpr bool LOOP = NORM == S_NORM_STAGE;
@@ -364,17 +350,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     int b = blockIdx.x, o = s_gemv_row(a.epi, a.out_dim, hd, b, lr, R), k = k0;
     bool full = o >= 0 && k + (U - 1) * 256 < kend;
     s_raw8<T> cur[U];
-    /* VAR > 0: chunk loads of the lane's columns from kk, predicated */
-    auto issue = [&](s_raw8<T> *buf, const T *wr, int kk) {
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (kk + u * 256 < kend)
-                s_load8(buf[u], wr + kk + u * 256);
-    };
-    if constexpr (VAR > 0) {
-        if (o >= 0)
-            issue(cur, w + (size_t)o * in_dim, k0);
-    } else if (full) {
+    if (full) {
 #pragma unroll
         for (int u = 0; u < U; u++)
             s_load8(cur[u], w + (size_t)o * in_dim + k + u * 256);
@@ -397,42 +373,6 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < N; r++)
             acc[r] = 0.0f, ss[r] = 0.0f;
-        auto fma_chunk = [&](const s_raw8<T> *buf, int kk) {
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (kk + u * 256 >= kend)
-                    break;
-                if constexpr (NORM == S_NORM_STAGE)
-                    s_fma8<N, T, false, true>(acc, ss, buf[u], (const float *)xs4, nw, n, in_dim,
-                                              kk + u * 256);
-                else
-                    s_fma8<N, T, NORM == S_NORM_FOLD, false>(acc, ss, buf[u], x, nw, n, in_dim,
-                                                             kk + u * 256);
-            }
-        };
-        if constexpr (VAR > 0) {
-            for (int kk = k0; live;) {
-                const int kn = kk + U * 256;
-                if constexpr (DB) {
-                    s_raw8<T> nxt[U];
-                    if (kn < kend)
-                        issue(nxt, wr, kn);
-                    fma_chunk(cur, kk);
-                    if (kn >= kend)
-                        break;
-#pragma unroll
-                    for (int u = 0; u < U; u++)
-                        cur[u] = nxt[u];
-                } else {
-                    fma_chunk(cur, kk);
-                    if (kn >= kend)
-                        break;
-                    issue(cur, wr, kn);
-                }
-                kk = kn;
-            }
-            full = false, k = kend;
-        }
         while (full) {
             const int kn = k + U * 256;
             const bool more = kn + (U - 1) * 256 < kend;
@@ -459,7 +399,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
                     cur[u] = nxt[u];
             }
         }
-        if (VAR == 0 && live && k < kend) {
+        if (live && k < kend) {
             /* the tail, fewer than U pieces: all its loads issued before the first is used
                (one round trip, not one a piece; same sums in the same order) */
             s_raw8<T> tail[U - 1];
@@ -484,10 +424,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
         const int bn = LOOP ? b + (int)gridDim.x : a.n_blocks;
         const int on = bn < a.n_blocks ? s_gemv_row(a.epi, a.out_dim, hd, bn, lr, R) : -1;
         full = on >= 0 && k0 + (U - 1) * 256 < kend;
-        if constexpr (VAR > 0) {
-            if (LOOP && on >= 0)
-                issue(cur, w + (size_t)on * in_dim, k0);
-        } else if (LOOP && full) {
+        if (LOOP && full) {
 #pragma unroll
             for (int u = 0; u < U; u++)
                 s_load8(cur[u], w + (size_t)on * in_dim + k0 + u * 256);
@@ -514,7 +451,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
    and, for RoPE, head_dim / 2 a multiple of the pairs a block holds; 0 when no segment count
    fits (the caller composes the ops). ANVIL_CUDA_GEMV_SEGS (st->gemv_segs, the A/B) fixes
    the count where it fits. */
-template <int N, typename T, int NORM, bool ROPE, int VAR>
+template <int N, typename T, int NORM, bool ROPE>
 static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, int head_dim,
                        long *slots_out)
 {
@@ -522,7 +459,7 @@ static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, 
     if (per_sm == 0) {
         const size_t msmem = NORM == S_NORM_STAGE ? ECU_GEMV_STAGE * sizeof(float) : 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm,
-                                                          s_gemv_kernel<N, T, NORM, ROPE, VAR>,
+                                                          s_gemv_kernel<N, T, NORM, ROPE>,
                                                           ECU_GEMV_WARPS * 32,
                                                           msmem) != cudaSuccess ||
             per_sm <= 0)
@@ -565,18 +502,17 @@ static unsigned s_gemv_blocks(const s_gemv_args_t *a)
 
 /* 1 when launched, 0 when the shape does not fit the GEMV (the caller composes), < 0 on error.
    The rope epilogue (double pow, full-precision sincos with its slow path) is its own
-   instantiation: in the others it cost registers and a stack frame. VAR: the stream variant
-   (s_gemv_kernel; s_gemv_launch_n picks it). */
-template <int N, typename T, int NORM, int VAR = 0>
-static int s_gemv_launch_v(const ecu_state_t *st, const T *w, s_gemv_args_t a)
+   instantiation: in the others it cost registers and a stack frame. */
+template <int N, typename T, int NORM>
+static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
 {
     const bool rope = a.epi == ENG_LIN_ROPE_KV;
     const size_t smem = NORM == S_NORM_STAGE ? (size_t)a.n * a.in_dim * sizeof(float) : 0;
     long slots = 0;
-    a.segs = rope ? s_gemv_segs<N, T, NORM, true, VAR>(st, a.in_dim, a.out_dim, a.epi,
-                                                       a.head_dim, &slots)
-                  : s_gemv_segs<N, T, NORM, false, VAR>(st, a.in_dim, a.out_dim, a.epi,
-                                                        a.head_dim, &slots);
+    a.segs = rope ? s_gemv_segs<N, T, NORM, true>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
+                                                  &slots)
+                  : s_gemv_segs<N, T, NORM, false>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
+                                                   &slots);
     if (a.segs == 0)
         return 0;
     a.n_blocks = (int)s_gemv_blocks(&a);
@@ -590,245 +526,12 @@ static int s_gemv_launch_v(const ecu_state_t *st, const T *w, s_gemv_args_t a)
     const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
     const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
     if (rope)
-        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true, VAR>, grid,
-                             dim3(ECU_GEMV_WARPS * 32), smem, w, a));
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, grid, dim3(ECU_GEMV_WARPS * 32),
+                             smem, w, a));
     else
-        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, false, VAR>, grid,
+        ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, false>, grid,
                              dim3(ECU_GEMV_WARPS * 32), smem, w, a));
     return 1;
-}
-
-/* ---- The bulk-copy GEMV (ANVIL_CUDA_GEMV_VAR=32, st->gemv_var; the A/B): one row, bf16
-   weights, every norm mode and epilogue (the batch-1 decode). A block an SM takes a run of
-   output rows and streams their weights in chunks of `pc` columns through ECU_BULK_STAGES
-   shared-memory stages: a producer lane issues each chunk as one bulk copy (cp.async.bulk,
-   the TMA engine) completing on the stage's mbarrier, so up to ECU_BULK_STAGES x 4 KB are in
-   flight an SM whatever the registers, and the first stages are issued before the PDL wait.
-   Eight consumer warps take the chunks in turn (chunk i: warp i % 8), each lane 8 columns a
-   256-column piece against x (read through L1, or the block's staged x * g with the norm),
-   reduce the chunk in the warp and release the stage; a row's chunk sums are added in
-   column order at the end (fixed order: a row's result does not depend on the schedule,
-   though it is not the default stream's bits). Rows are taken in logical order: the
-   identity for the plain and add epilogues, pairs next to each other for SwiGLU (gate j, up
-   j) and RoPE (dims i and i + head_dim/2 of a head), so a block owns whole pairs. */
-#define ECU_BULK_STAGES 32
-#define ECU_BULK_WARPS 8 /* consumer warps; one more warp holds the producer lane */
-
-/* Columns a chunk: the largest of 2048 / 1024 / 512 / 256 dividing in_dim, 0 if none. */
-static int s_bulk_piece(int in_dim)
-{
-    for (int pc = 2048; pc >= 256; pc /= 2)
-        if (in_dim % pc == 0)
-            return pc;
-    return 0;
-}
-
-static __device__ __forceinline__ void s_bulk_wait(uint64_t *bar, uint32_t parity)
-{
-    while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
-    }
-}
-
-/* The weight row of logical row l (see above). */
-static __device__ __forceinline__ int s_bulk_row(const s_gemv_args_t &a, int l)
-{
-    if (a.epi == ENG_LIN_SWIGLU)
-        return (l & 1 ? a.out_dim / 2 : 0) + l / 2;
-    if (a.epi == ENG_LIN_ROPE_KV) {
-        const int hh = a.head_dim / 2, q = l / 2;
-        return q / hh * a.head_dim + q % hh + (l & 1 ? hh : 0);
-    }
-    return l;
-}
-
-template <bool STAGE, bool ROPE>
-static __global__ void __launch_bounds__((ECU_BULK_WARPS + 1) * 32)
-    s_gemv_bulk_kernel(const __nv_bfloat16 *w /* (out_dim, in_dim) */, const s_gemv_args_t a,
-                       int pc /* columns a chunk (s_bulk_piece) */)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(128) unsigned char bulk_smem[];
-    __shared__ uint64_t full[ECU_BULK_STAGES], empty[ECU_BULK_STAGES];
-    __shared__ float wss[ECU_BULK_WARPS + 1], row_ss;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, in_dim = a.in_dim;
-    const bool pair = a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV;
-    /* this block's logical rows [l0, l1): whole pairs for the pair epilogues */
-    const int units = pair ? a.out_dim / 2 : a.out_dim, per = pair ? 2 : 1;
-    const int l0 = per * (int)((long)units * blockIdx.x / gridDim.x);
-    const int l1 = per * (int)((long)units * (blockIdx.x + 1) / gridDim.x);
-    const int np = in_dim / pc, nc = (l1 - l0) * np;
-    const uint32_t bytes = (uint32_t)pc * 2;
-    __nv_bfloat16 *stage = (__nv_bfloat16 *)bulk_smem;
-    float *xs = (float *)(bulk_smem + (size_t)ECU_BULK_STAGES * bytes); /* STAGE: x * g */
-    float *part = xs + (STAGE ? in_dim : 0);                           /* (rows, np) */
-    const bool producer = warp == ECU_BULK_WARPS && lane == 0;
-    auto issue = [&](int i) {
-        const int s = i % ECU_BULK_STAGES;
-        if (i >= ECU_BULK_STAGES)
-            s_bulk_wait(&empty[s], (uint32_t)((i / ECU_BULK_STAGES - 1) & 1));
-        const __nv_bfloat16 *src = w + (size_t)s_bulk_row(a, l0 + i / np) * in_dim +
-                                   (size_t)(i % np) * pc;
-        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
-                                             cuda::ptx::space_shared, &full[s], bytes);
-        cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                 stage + (size_t)s * pc, src, bytes, &full[s]);
-    };
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < ECU_BULK_STAGES; s++) {
-            cuda::ptx::mbarrier_init(&full[s], 1);
-            cuda::ptx::mbarrier_init(&empty[s], 1);
-        }
-        cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-    }
-    __syncthreads();
-    ecu_pdl_trigger();
-    /* the first stages: weights only, issued before the wait */
-    const int first = nc < ECU_BULK_STAGES ? nc : ECU_BULK_STAGES;
-    if (producer)
-        for (int i = 0; i < first; i++)
-            issue(i);
-    ecu_pdl_wait(); /* x, the residual, the rope angles come from earlier kernels */
-    if constexpr (STAGE) { /* x * g and x's sum of squares, once a block */
-        const __nv_bfloat16 *nw = (const __nv_bfloat16 *)a.norm_w;
-        float q = 0.0f;
-        for (int k = threadIdx.x; k < in_dim; k += blockDim.x) {
-            const float v = a.x[k];
-            q += v * v;
-            xs[k] = v * ecu_ld<__nv_bfloat16>(nw, k);
-        }
-        q = ecu_warp_sum(q);
-        if (lane == 0)
-            wss[warp] = q;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float t = 0.0f;
-            for (int w9 = 0; w9 <= ECU_BULK_WARPS; w9++)
-                t += wss[w9];
-            row_ss = t;
-        }
-    }
-    const float *xv = STAGE ? xs : a.x;
-    if (producer) {
-        for (int i = first; i < nc; i++)
-            issue(i);
-    } else if (warp < ECU_BULK_WARPS) {
-        for (int i = warp; i < nc; i += ECU_BULK_WARPS) {
-            const int s = i % ECU_BULK_STAGES, p = i % np;
-            s_bulk_wait(&full[s], (uint32_t)((i / ECU_BULK_STAGES) & 1));
-            const __nv_bfloat16 *cw = stage + (size_t)s * pc;
-            float acc = 0.0f;
-            for (int u = 0; u < pc / 256; u++) {
-                s_raw8<__nv_bfloat16> raw;
-                raw.a = *(const uint4 *)(cw + u * 256 + lane * 8);
-                float wf[8];
-                s_widen8(raw, wf);
-                const float4 *xp = (const float4 *)(xv + (size_t)p * pc + u * 256 + lane * 8);
-                float4 xa, xb;
-                if constexpr (STAGE)
-                    xa = xp[0], xb = xp[1];
-                else
-                    xa = __ldg(xp), xb = __ldg(xp + 1);
-                acc += wf[0] * xa.x + wf[1] * xa.y + wf[2] * xa.z + wf[3] * xa.w +
-                       wf[4] * xb.x + wf[5] * xb.y + wf[6] * xb.z + wf[7] * xb.w;
-            }
-            __syncwarp();
-            if (lane == 0)
-                cuda::ptx::mbarrier_arrive(&empty[s]);
-            acc = ecu_warp_sum(acc);
-            if (lane == 0)
-                part[i] = acc; /* logical row i / np, piece p */
-        }
-    }
-    __syncthreads();
-    const float scale = STAGE ? 1.0f / sqrtf(row_ss / (float)in_dim + a.eps) : 1.0f;
-    /* logical row l0 + rl's finished product: its pieces in column order, the norm's scale,
-       the bias */
-    auto fin = [&](int rl) {
-        float y = 0.0f;
-        for (int p = 0; p < np; p++)
-            y += part[rl * np + p];
-        y *= scale;
-        if (a.bias)
-            y += ecu_ld<__nv_bfloat16>((const __nv_bfloat16 *)a.bias, s_bulk_row(a, l0 + rl));
-        return y;
-    };
-    for (int u = threadIdx.x; u < (l1 - l0) / per; u += blockDim.x) {
-        if (!pair) {
-            const int o = l0 + u;
-            const float y = fin(u);
-            a.out[o] = a.epi == ENG_LIN_ADD ? a.out[o] + y : y;
-            continue;
-        }
-        const int o0 = s_bulk_row(a, l0 + 2 * u);
-        float rc = 0.0f, rs = 0.0f;
-        size_t kvo = 0;
-        if constexpr (ROPE) {
-            const int hd = a.head_dim;
-            kvo = (size_t)a.slots[0] * a.n_kv_head * hd;
-            if (o0 / hd < a.n_head + a.n_kv_head) {
-                const float2 cs = a.angles[o0 % hd];
-                rc = cs.x, rs = cs.y;
-            }
-        }
-        s_pair_store<ROPE>(a, 0, o0, fin(2 * u), fin(2 * u + 1), rc, rs, kvo);
-    }
-#endif
-}
-
-/* 1 when the bulk GEMV took the product, 0 when its shape does not fit (the caller runs the
-   default), < 0 on error. */
-template <int NORM>
-static int s_gemv_bulk_launch(const ecu_state_t *st, const __nv_bfloat16 *w,
-                              const s_gemv_args_t &a)
-{
-    const int pc = s_bulk_piece(a.in_dim);
-    const bool pair = a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV;
-    const int units = pair ? a.out_dim / 2 : a.out_dim;
-    if (pc == 0 || a.n != 1 || NORM == S_NORM_FOLD || (uintptr_t)w % 16 != 0 ||
-        units < st->n_sm || (a.epi == ENG_LIN_ROPE_KV && a.head_dim % 2))
-        return 0;
-    const int g = st->n_sm, rows = (pair ? 2 : 1) * ((units + g - 1) / g);
-    const size_t smem = (size_t)ECU_BULK_STAGES * pc * 2 +
-                        (NORM == S_NORM_STAGE ? (size_t)a.in_dim * 4 : 0) +
-                        (size_t)rows * (a.in_dim / pc) * 4;
-    const size_t cap = 200 * 1024;
-    if (smem > cap)
-        return 0;
-    constexpr bool STG = NORM == S_NORM_STAGE;
-    auto kernel = a.epi == ENG_LIN_ROPE_KV ? s_gemv_bulk_kernel<STG, true>
-                                           : s_gemv_bulk_kernel<STG, false>;
-    static bool attr_set[2] = {false, false}; /* the dynamic shared memory each may use */
-    bool &set = attr_set[a.epi == ENG_LIN_ROPE_KV];
-    if (!set) {
-        ECU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)cap));
-        set = true;
-    }
-    ECU_CHECK(ecu_launch(st, kernel, dim3((unsigned)g), dim3((ECU_BULK_WARPS + 1) * 32), smem,
-                         w, a, pc));
-    return 1;
-}
-
-/* The stream variants (ANVIL_CUDA_GEMV_VAR = 4, 8, 16 or 32, st->gemv_var; the A/B) exist
-   for one row of bf16 weights, the batch-1 decode whose bandwidth they are measured for; 32
-   is the bulk-copy GEMV. */
-template <int N, typename T, int NORM>
-static int s_gemv_launch_n(const ecu_state_t *st, const T *w, const s_gemv_args_t &a)
-{
-    if constexpr (N == 1 && std::is_same<T, __nv_bfloat16>::value) {
-        if (st->gemv_var == 32) {
-            const int rc = s_gemv_bulk_launch<NORM>(st, w, a);
-            if (rc != 0)
-                return rc;
-        }
-        if (st->gemv_var == 4)
-            return s_gemv_launch_v<N, T, NORM, 4>(st, w, a);
-        if (st->gemv_var == 8)
-            return s_gemv_launch_v<N, T, NORM, 8>(st, w, a);
-        if (st->gemv_var == 16)
-            return s_gemv_launch_v<N, T, NORM, 16>(st, w, a);
-    }
-    return s_gemv_launch_v<N, T, NORM>(st, w, a);
 }
 
 template <typename T, int NORM>

@@ -31,8 +31,8 @@
                 add, lm_head + final norm): --linear-reps passes over the layers' own weight
                 copies (so a product reads DRAM, not L2), one host sync at the end; prints
                 us a call and the weights' GB/s against the copy. --linear-sweep repeats it
-                for each of the CUDA GEMV's A/B knobs (eng_cuda_gemv_config: stream variant
-                x column segments), the per-shape data for choosing them.
+                with the CUDA GEMV's column segments a row fixed at 1, 2, 4 and 8
+                (eng_cuda_gemv_segs), then by the default rule again (the drift).
 
     Achieved bandwidth counts the bytes a decode step must read at least: all weights plus
     the K/V of every cached position; it is reported as a fraction of a device-to-device copy
@@ -698,14 +698,21 @@ typedef struct {
     const char *name;
     int in_dim, out_dim, norm, copies; /* copies: weight matrices cycled through (layers) */
     eng_lin_epi_t epi;
-    void *w;                           /* copies x (out_dim, in_dim) bf16 */
+    void *w; /* copies x (out_dim, in_dim) bf16 */
 } s_prod_t;
 
 /* One pass of the timed loop: `reps` passes over the product's copies, one sync; seconds
    a call. */
-static int s_linear_time(eng_backend_t *be, const s_prod_t *p, const eng_bm_config_t *c, int B,
-                         int reps, float *out, const float *x, const void *norm_w,
-                         const eng_linear_t *rope, double *s_call)
+static int s_linear_time(eng_backend_t *be,
+                         const s_prod_t *p,
+                         const eng_bm_config_t *c,
+                         int B,
+                         int reps,
+                         float *out,
+                         const float *x,
+                         const void *norm_w,
+                         const eng_linear_t *rope,
+                         double *s_call)
 {
     eng_linear_t f = {0};
     if (p->epi == ENG_LIN_ROPE_KV)
@@ -733,10 +740,10 @@ static int s_linear_time(eng_backend_t *be, const s_prod_t *p, const eng_bm_conf
     return rc;
 }
 
-/* The products of one layer and lm_head at batch B (and each A/B knob of the CUDA GEMV with
-   --linear-sweep): us a call, the weights' GB/s and its fraction of the copy. */
-static int s_linear(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, const char *dev,
-                    double copy_gbps)
+/* The products of one layer and lm_head at batch B (and each fixed segment count of the CUDA
+   GEMV with --linear-sweep): us a call, the weights' GB/s and its fraction of the copy. */
+static int
+s_linear(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, const char *dev, double copy_gbps)
 {
     eng_backend_t *be = x->be;
     const int H = c->hidden, qd = c->n_head * c->head_dim, kd = c->n_kv_head * c->head_dim;
@@ -783,18 +790,15 @@ static int s_linear(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, con
         if ((rc = x->fill(be, P[i].w, c->wdtype, n, 100 + (uint64_t)i, 0.0f, 0.02f)))
             goto out;
     }
-    /* knobs: (var, segs); the default alone unless --linear-sweep on CUDA */
-    static const int knobs[][2] = {{0, 0},  {4, 0},  {8, 0},  {16, 0}, {0, 1},  {0, 2},
-                                   {0, 4},  {0, 8},  {4, 1},  {4, 2},  {4, 4},  {4, 8},
-                                   {8, 1},  {8, 2},  {8, 4},  {8, 8},  {16, 1}, {16, 2},
-                                   {16, 4}, {16, 8}, {32, 0}, {0, 0}};
+    /* segments a row (0: the default rule); the default alone unless --linear-sweep on CUDA */
+    static const int knobs[] = {0, 1, 2, 4, 8, 0};
     const int n_knobs = o->lin_sweep && x->cuda ? (int)(sizeof(knobs) / sizeof(knobs[0])) : 1;
     if (o->lin_sweep && !x->cuda)
         fprintf(stderr, "anvil-bench-engine: --linear-sweep needs the CUDA backend; the "
                         "default only\n");
     if (!o->json)
-        printf("linear device=%s copy_gbps=%.0f layers=%d reps=%d weights=%s\n", dev, copy_gbps,
-               L, o->lin_reps, eng_dtype_name(c->wdtype));
+        printf("linear device=%s copy_gbps=%.0f layers=%d reps=%d weights=%s\n", dev, copy_gbps, L,
+               o->lin_reps, eng_dtype_name(c->wdtype));
     eng_step_t step = {0};
     for (int bi = 0; bi < o->n_lin; bi++) {
         const int B = o->lin_batches[bi];
@@ -807,47 +811,45 @@ static int s_linear(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, con
         if (be->prepare && (rc = be->prepare(be, &step)))
             goto out;
         for (int k = 0; k < n_knobs; k++) {
-            if (x->cuda && (rc = eng_cuda_gemv_config(be, knobs[k][0], knobs[k][1])))
+            if (x->cuda && (rc = eng_cuda_gemv_segs(be, knobs[k])))
                 goto out;
             double layer_us = 0, layer_bytes = 0;
             for (int i = 0; i < n_p; i++) {
                 double sc = 0;
-                if ((rc = s_linear_time(be, &P[i], c, B, o->lin_reps, out, xin, norm_w, &rope,
-                                        &sc)))
+                if ((rc =
+                         s_linear_time(be, &P[i], c, B, o->lin_reps, out, xin, norm_w, &rope, &sc)))
                     goto out;
                 const double bytes = (double)P[i].out_dim * P[i].in_dim * ws;
                 const double gbps = bytes / sc / 1e9;
                 if (i < n_p - 1)
                     layer_us += sc * 1e6, layer_bytes += bytes;
                 if (o->json)
-                    printf("{\"bench\":\"linear\",\"device\":\"%s\",\"batch\":%d,\"var\":%d,"
+                    printf("{\"bench\":\"linear\",\"device\":\"%s\",\"batch\":%d,"
                            "\"segs\":%d,\"product\":\"%s\",\"in\":%d,\"out\":%d,\"us\":%.2f,"
                            "\"gbps\":%.0f,\"frac_copy\":%.3f}\n",
-                           dev, B, knobs[k][0], knobs[k][1], P[i].name, P[i].in_dim,
-                           P[i].out_dim, sc * 1e6, gbps, copy_gbps > 0 ? gbps / copy_gbps : 0);
+                           dev, B, knobs[k], P[i].name, P[i].in_dim, P[i].out_dim, sc * 1e6, gbps,
+                           copy_gbps > 0 ? gbps / copy_gbps : 0);
                 else
-                    printf("linear batch=%d var=%d segs=%d product=%-7s in=%d out=%d us=%.2f "
+                    printf("linear batch=%d segs=%d product=%-7s in=%d out=%d us=%.2f "
                            "gbps=%.0f frac_copy=%.3f\n",
-                           B, knobs[k][0], knobs[k][1], P[i].name, P[i].in_dim, P[i].out_dim,
-                           sc * 1e6, gbps, copy_gbps > 0 ? gbps / copy_gbps : 0);
+                           B, knobs[k], P[i].name, P[i].in_dim, P[i].out_dim, sc * 1e6, gbps,
+                           copy_gbps > 0 ? gbps / copy_gbps : 0);
             }
             const double lg = layer_bytes / (layer_us * 1e-6) / 1e9;
             if (o->json)
-                printf("{\"bench\":\"linear\",\"device\":\"%s\",\"batch\":%d,\"var\":%d,"
+                printf("{\"bench\":\"linear\",\"device\":\"%s\",\"batch\":%d,"
                        "\"segs\":%d,\"product\":\"layer\",\"us\":%.2f,\"gbps\":%.0f,"
                        "\"frac_copy\":%.3f}\n",
-                       dev, B, knobs[k][0], knobs[k][1], layer_us, lg,
-                       copy_gbps > 0 ? lg / copy_gbps : 0);
+                       dev, B, knobs[k], layer_us, lg, copy_gbps > 0 ? lg / copy_gbps : 0);
             else
-                printf("linear batch=%d var=%d segs=%d product=layer   us=%.2f gbps=%.0f "
+                printf("linear batch=%d segs=%d product=layer   us=%.2f gbps=%.0f "
                        "frac_copy=%.3f\n",
-                       B, knobs[k][0], knobs[k][1], layer_us, lg,
-                       copy_gbps > 0 ? lg / copy_gbps : 0);
+                       B, knobs[k], layer_us, lg, copy_gbps > 0 ? lg / copy_gbps : 0);
             fflush(stdout);
         }
     }
     if (x->cuda)
-        rc = eng_cuda_gemv_config(be, 0, 0);
+        rc = eng_cuda_gemv_segs(be, 0);
 out:
     if (rc)
         fprintf(stderr, "anvil-bench-engine: linear failed: %s\n", anv_strerror(rc));
@@ -859,8 +861,12 @@ out:
     return rc;
 }
 
-static void s_print_decode(const s_opts_t *o, const char *dev, const char *kind,
-                           const s_result_t *r, const s_result_t *g, int n_new)
+static void s_print_decode(const s_opts_t *o,
+                           const char *dev,
+                           const char *kind,
+                           const s_result_t *r,
+                           const s_result_t *g,
+                           int n_new)
 {
     if (o->json) {
         printf("{\"bench\":\"%s\",\"device\":\"%s\",\"batch\":%d,\"%s\":%d,\"new\":%d,"

@@ -40,11 +40,11 @@
 #                waves the GEMV's column segments aim for; 2.5 by default)
 #   linear       anvil-bench-engine --linear 1,4 --linear-sweep: each product of a layer (QKV,
 #                O, gate|up, down, lm_head) on its own at batch 1 and 4, GB/s against the copy,
-#                for every GEMV stream variant and column-segment count (ANVIL_CUDA_GEMV_VAR,
-#                _SEGS): where the batch-1 GEMVs lose bandwidth, in a few seconds
-#   model_bulk   test_cuda_model with ANVIL_CUDA_GEMV_VAR=32 (the bulk-copy GEMV at batch 1)
-#   graphs_bulk  test_cuda_graphs with ANVIL_CUDA_GEMV_VAR=32 (its kernels inside a graph)
-#   memcheck_bulk memcheck.sh with ANVIL_CUDA_GEMV_VAR=32
+#                by the default segments rule and with 1, 2, 4, 8 column segments a row
+#                (ANVIL_CUDA_GEMV_SEGS): where the small-batch GEMVs lose bandwidth, in seconds
+#   kernels_gemv ncu's detail sections (speed of light, memory, occupancy, warp states,
+#                launch) for one decode layer's kernels at batch 1 (QKV, attention, combine, O,
+#                gate|up, down): why QKV and O stream slower than gate|up
 #   ops_vlate    test_cuda_ops with ANVIL_CUDA_ATTN_VLATE=0 (the tensor-core decode loads V
 #                with K, the default's A/B; by default V is loaded after q.k)
 #   bench_vlate  bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=0: the
@@ -54,8 +54,8 @@
 #   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
 #   bench_kvi    bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_KV_INNER=1: the
 #                A/B against bench_kvs's
-#   bench_ab     every A/B switch (the GEMV's stream variants and segments at batch 1, KV heads
-#                inner, V with K) against the default, in short runs: batch 1, batch 256, batch
+#   bench_ab     every A/B switch (the GEMV's segments at batch 1, KV heads inner, V with K)
+#                against the default, in short runs: batch 1, batch 256, batch
 #                256 x 2k bf16 and fp8 (the default first and last in each group); ~4 minutes
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
@@ -252,8 +252,6 @@ else
 fi
 step linear 120 "$BENCH" --batches none --ctx-batch 0 --grpo-prompts 0 --linear-sweep \
     "${LIN_ARGS[@]}"
-step model_bulk 90 env ANVIL_CUDA_GEMV_VAR=32 "$T_MODEL"
-step graphs_bulk 90 env ANVIL_CUDA_GEMV_VAR=32 "$T_GRAPHS"
 step ops_vlate 90 env ANVIL_CUDA_ATTN_VLATE=0 "$T_OPS"
 # bench_kvs's first runs for each KV dtype with one switch set ($1, NAME=VALUE)
 KV_AB='b=$0; sw=$1; shift
@@ -283,10 +281,6 @@ else
     AB_KVS="bf16 fp8"
 fi
 AB_RUNS="b1 -
-b1 ANVIL_CUDA_GEMV_VAR=4
-b1 ANVIL_CUDA_GEMV_VAR=8
-b1 ANVIL_CUDA_GEMV_VAR=16
-b1 ANVIL_CUDA_GEMV_VAR=32
 b1 ANVIL_CUDA_GEMV_SEGS=1
 b1 ANVIL_CUDA_GEMV_SEGS=2
 b1 ANVIL_CUDA_ATTN_KV_INNER=1
@@ -388,13 +382,19 @@ if [ $DRY = 0 ]; then
 fi
 step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_fma 120 env ANVIL_CUDA_ATTN_MMA=0 "$TESTS/memcheck.sh" "$T_MODEL"
-step memcheck_bulk 120 env ANVIL_CUDA_GEMV_VAR=32 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_dec 180 "$TESTS/memcheck.sh" "$T_OPS" --only decodes
 step racecheck_dec 240 "$TESTS/memcheck.sh" --tool racecheck "$T_OPS" --only decodes
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
     step kernels 240 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
     step kernels_b256 120 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 256 \
         --ctx-len 2048
+    # the prefill's 65 kernels named *attn* or *gemv* (32 x attention + combine, the lm_head
+    # row) and two decode steps' 193 each, then layer 0 of the third decode step (no graphs)
+    step kernels_gemv 240 ncu --clock-control none --kernel-name regex:"gemv|attn" \
+        --launch-skip 451 --launch-count 6 --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        --section LaunchStats --section SchedulerStats "$BENCH" --batches 1 --prompt 512 \
+        --new 8 --ctx-batch 0 --grpo-prompts 0
     step kernels_fma 240 env ANVIL_CUDA_KV=fp8 bash -c '
             "$0" "$1" --bench "$2" --out "$3/fp8" --batch 256 --ctx-len 2048 || exit 1
             ANVIL_CUDA_ATTN_MMA=0 "$0" "$1" --bench "$2" --out "$3/fma" --batch 256 \
@@ -435,6 +435,9 @@ fi
     echo "== every switch against the default (bench_ab; graphs tok/s, ratio to the group's default)"
     [ -f "$OUT/bench_ab.log" ] && "$PY" "$BENCHDIR/bench_ab_table.py" "$OUT/bench_ab.log" 2>&1
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ab.log" 2>/dev/null
+    echo "== one batch-1 decode layer's kernels in detail (ncu sections)"
+    grep -E "^  [a-z_]|^    (Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Warp Cycles Per Issued|Block Limit|Waves Per SM|Grid Size)" \
+        "$OUT/kernels_gemv.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels_b256.log" 2>/dev/null
     echo "== the same step with fp8 KV: mma decode, then FMA decode (ncu)"
