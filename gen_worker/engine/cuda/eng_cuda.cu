@@ -514,6 +514,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         st->gemv_waves2 = gw && atof(gw) >= 0.5 && atof(gw) <= 64 ? (int)(atof(gw) * 2) : 5;
         /* ANVIL_CUDA_GEMV_SEGS=1|2|4|8 fixes the GEMV's column segments a row (matmul.cu;
            A/B, eng_cuda_gemv_segs) */
+        /* ANVIL_CUDA_GEMV_ROPE=0: the QKV GEMV leaves rope + KV store to rope_kv_store (A/B) */
+        const char *gr = getenv("ANVIL_CUDA_GEMV_ROPE");
+        st->gemv_rope = !(gr && strcmp(gr, "0") == 0);
         const char *gs = getenv("ANVIL_CUDA_GEMV_SEGS");
         if (gs && s_gemv_segs_set(st, atoi(gs)))
             ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_SEGS=%s ignored (0, 1, 2, 4, 8)", gs);
@@ -586,7 +589,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
              "attention %s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
-             st->gemv_persist ? "persistent (staged norm)" : "a block a group",
+             st->gemv_persist ? st->gemv_rope ? "persistent (staged norm)"
+                                              : "persistent (staged norm), rope apart"
+             : st->gemv_rope  ? "a block a group"
+                              : "a block a group, rope apart",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",

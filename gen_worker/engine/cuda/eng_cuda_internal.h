@@ -124,6 +124,7 @@ typedef struct {
     int gemv_persist;           /* persistent grid for the staged-norm GEMVs (matmul.cu) */
     int gemv_waves2;            /* resident waves x 2 the GEMV's segments aim for (matmul.cu) */
     int gemv_segs;              /* column segments a row, fixed (0: by gemv_waves2; A/B) */
+    int gemv_rope;              /* rope + KV store in the QKV GEMV's epilogue (default; A/B) */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */

@@ -822,6 +822,22 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
         s_gemv_args_t a = {};
         a.out = out, a.x = x, a.bias = bias, a.norm_w = f->norm_w, a.eps = f->eps, a.n = n;
         a.in_dim = in_dim, a.out_dim = out_dim, a.epi = f->epi;
+        if (f->epi == ENG_LIN_ROPE_KV && !st->gemv_rope) {
+            /* ANVIL_CUDA_GEMV_ROPE=0 (the A/B): the GEMV writes q|k|v with the norm folded in
+               and the plain epilogue (the kernel of gate|up and lm_head, 80 registers, 3
+               blocks an SM, against the rope instantiation's 99 and 2), then rope_kv_store
+               rotates and stores them: a kernel more a layer */
+            ECU_TRY(ecu_buf_reserve(&st->lin_y, (size_t)n * out_dim * sizeof(float)));
+            a.out = (float *)st->lin_y.ptr, a.epi = ENG_LIN_PLAIN;
+            const int rc = s_gemv_launch(st, w, dtype, a);
+            if (rc < 0)
+                return rc;
+            if (rc == 1)
+                return ecu_rope_kv_store(be, out, (const float *)st->lin_y.ptr, f->k_cache,
+                                         f->v_cache, f->pos, f->slots, n, f->n_head,
+                                         f->n_kv_head, f->head_dim, f->theta);
+            return s_linear_composed(be, out, x, w, bias, dtype, n, in_dim, out_dim, f);
+        }
         if (f->epi == ENG_LIN_ROPE_KV) {
             ECU_TRY(ecu_rope_table(st, f->pos, n, f->head_dim, f->theta, &a.angles));
             ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &a.slots));

@@ -49,6 +49,9 @@
 #                with K, the default's A/B; by default V is loaded after q.k)
 #   bench_vlate  bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=0: the
 #                A/B against bench_kvs's
+#   ops_rope0    test_cuda_ops with ANVIL_CUDA_GEMV_ROPE=0 (the small-batch QKV GEMV writes q|k|v
+#                and rope_kv_store rotates and stores them, instead of its rope epilogue)
+#   model_rope0  test_cuda_model with ANVIL_CUDA_GEMV_ROPE=0
 #   ops_kvi      test_cuda_ops with ANVIL_CUDA_ATTN_KV_INNER=1 (the decode grid runs a tile's
 #                KV heads next to each other)
 #   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
@@ -253,6 +256,8 @@ fi
 step linear 120 "$BENCH" --batches none --ctx-batch 0 --grpo-prompts 0 --linear-sweep \
     "${LIN_ARGS[@]}"
 step ops_vlate 90 env ANVIL_CUDA_ATTN_VLATE=0 "$T_OPS"
+step ops_rope0 90 env ANVIL_CUDA_GEMV_ROPE=0 "$T_OPS"
+step model_rope0 90 env ANVIL_CUDA_GEMV_ROPE=0 "$T_MODEL"
 # bench_kvs's first runs for each KV dtype with one switch set ($1, NAME=VALUE)
 KV_AB='b=$0; sw=$1; shift
         for kv in $KV_LIST; do
@@ -281,6 +286,7 @@ else
     AB_KVS="bf16 fp8"
 fi
 AB_RUNS="b1 -
+b1 ANVIL_CUDA_GEMV_ROPE=0
 b1 ANVIL_CUDA_GEMV_SEGS=1
 b1 ANVIL_CUDA_GEMV_SEGS=2
 b1 ANVIL_CUDA_ATTN_KV_INNER=1
