@@ -354,7 +354,7 @@ def check(ch, job, n_tasks, n_samples, max_tokens):
     att = r("HVALS", "anv:job:%s:att" % job) or []
     # the CLI: anvil results / anvil status
     out = cli_retry(ch, "results", job, "--logprobs")
-    lines = [json.loads(x) for x in out.stdout.splitlines() if x.strip()]
+    lines = [json.loads(x) for x in out.stdout.split("\n") if x.strip()]
     seen = collections.Counter((x.get("custom_id"), x.get("sample")) for x in lines)
     expect("CLI results lines", len(lines), total)
     dup = [k for k, v in seen.items() if v > 1]

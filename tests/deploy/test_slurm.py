@@ -266,7 +266,7 @@ def test_drain_and_resume(bundle, slow_model, tmp_path, mode):
                 st, worker_logs(cdir, "run.1"))
             time.sleep(0.5)
         assert st["generated"] == PROMPTS * SAMPLES and st.get("failed", 0) == 0, st
-        res = [json.loads(line) for line in node.cli(env1, "results", job).stdout.splitlines()
+        res = [json.loads(line) for line in node.cli(env1, "results", job).stdout.split("\n")
                if line.strip()]
         keys = sorted((r["custom_id"], r["sample"]) for r in res)
         assert keys == sorted(("p%03d" % i, s) for i in range(PROMPTS) for s in range(SAMPLES))

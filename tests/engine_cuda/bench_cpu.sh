@@ -6,7 +6,9 @@
 # configuration, then a summary; --json one object per line) and the GRPO bookkeeping: one
 # prefill per prompt (prefix sharing), every sample finished at its drawn length, and the
 # same tokens (hash) as the run that prefills every sample on its own. The KV is limited so
-# that admission has to wait for finished samples.
+# that admission has to wait for finished samples. The linear workload (--linear): one line a
+# product and batch, a layer line that sums the layer's four products, and the sweep's
+# refusal on the CPU.
 set -u
 bin=$1
 fail=0
@@ -62,4 +64,29 @@ check "json summary: kv dtype, linear path, attention kernel" $?
 "$bin" --backend cpu --shape tiny --batches none --ctx-batch 0 --grpo-prompts 2 \
     --grpo-prompt 16 --grpo-min-new 200 --grpo-max-new 300 --kv-blocks 8 >/dev/null 2>&1
 [ $? -eq 1 ]; check "a group larger than the KV is an error (exit 1)" $?
+lin=$("$bin" --backend cpu --shape tiny --threads 2 --batches none --ctx-batch 0 \
+    --grpo-prompts 0 --linear 1,3 --linear-reps 2 2>&1)
+check "linear run exits 0" $?
+echo "$lin" | grep '^linear '
+for b in 1 3; do
+    for p in qkv o gate_up down lm_head layer; do
+        l=$(echo "$lin" | grep "^linear batch=$b segs=0 product=$p ")
+        [ "$(echo "$l" | grep -c .)" -eq 1 ] &&
+            awk -v u="$(field "$l" us)" -v g="$(field "$l" gbps)" \
+                'BEGIN { exit !(u + 0 > 0 && g != "") }'
+        check "linear batch=$b $p: one line, us > 0" $?
+    done
+    sum=$(echo "$lin" | grep "^linear batch=$b " | grep -v "product=lm_head\|product=layer" |
+          tr ' ' '\n' | sed -n 's/^us=//p' | awk '{ s += $1 } END { print s }')
+    lay=$(field "$(echo "$lin" | grep "^linear batch=$b .*product=layer")" us)
+    awk -v s="$sum" -v l="$lay" 'BEGIN { d = s - l; exit !(d < 0.05 && d > -0.05) }'
+    check "linear batch=$b: the layer line sums its four products ($sum, $lay)" $?
+done
+sw=$("$bin" --backend cpu --shape tiny --threads 2 --batches none --ctx-batch 0 \
+     --grpo-prompts 0 --linear 1 --linear-reps 1 --linear-sweep 2>&1)
+echo "$sw" | grep -q "needs the CUDA backend" &&
+    [ "$(echo "$sw" | grep -c '^linear batch=1 ')" -eq 6 ]
+check "linear sweep on the CPU: said, and the default only" $?
+"$bin" --backend cpu --shape tiny --batches none --linear 0 >/dev/null 2>&1
+[ $? -eq 2 ]; check "bad --linear refused (exit 2)" $?
 exit $fail

@@ -394,6 +394,9 @@ static void test_attention_decodes(eng_dtype_t kv)
     free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
 }
 
+/* test_linear_segs' tag for the check names */
+static const char *s_lin_tag = "";
+
 /* linear (the fused matmul) on backend be against the CPU's composition: epilogue epi, the
    norm folded in or not, a bias or not. n <= 8 runs the fused GEMV (fp32 math: tolerance
    2e-5), above it the composed path (cuBLASLt on rounded activations). For ROPE_KV the rotated
@@ -437,9 +440,9 @@ static void test_linear(eng_backend_t *be, eng_dtype_t dt, eng_lin_epi_t epi, in
     fg.norm_w = norm ? gg : NULL, fg.k_cache = pk, fg.v_cache = pv;
     int rc_c = cpu->linear(cpu, ref, x, wh, bias ? bh : NULL, dt, n, in, outd, &fc);
     int rc_g = be->linear(be, go, gx, gw, bias ? gb : NULL, dt, n, in, outd, &fg);
-    snprintf(name, sizeof(name), "linear %s %s%s n=%d %dx%d%s kv=%s", epis[epi],
+    snprintf(name, sizeof(name), "linear %s %s%s n=%d %dx%d%s kv=%s%s", epis[epi],
              eng_dtype_name(dt), norm ? " +norm" : "", n, in, outd, bias ? " +bias" : "",
-             eng_dtype_name(be->kv_dtype));
+             eng_dtype_name(be->kv_dtype), s_lin_tag);
     ecu_t_check(rc_c == 0 && rc_g == 0, name);
     ecu_t_get(be, got, go, (size_t)n * yd * 4);
     double tol = n <= 8 || dt == ENG_DTYPE_F32 ? 2e-5 : dt == ENG_DTYPE_BF16 ? 1e-2 : 2e-3;
@@ -494,6 +497,36 @@ static void test_linears(void)
         test_linear(bes[i], ENG_DTYPE_F32, ENG_LIN_ROPE_KV, 2, 2048, 512, 0, 1);
         test_linear(bes[i], ENG_DTYPE_BF16, ENG_LIN_ROPE_KV, 12, 1024, 1536, 1, 0);
     }
+}
+
+/* The GEMV's fixed column segments (eng_cuda_gemv_segs, ANVIL_CUDA_GEMV_SEGS, the A/B of
+   anvil-bench-engine --linear-sweep): every count on every epilogue at batch 1 and 4 against
+   the CPU, with a 14336-column add (down's shape: segments of 1792 to 14336 columns, partial
+   chunks); the counts a shape does not take fall back (pair epilogues: at most 4). */
+static void test_linear_segs(void)
+{
+    static const int segss[] = {1, 2, 4, 8};
+    static const struct {
+        eng_lin_epi_t epi;
+        int in, out, norm;
+    } cs[] = {{ENG_LIN_PLAIN, 4096, 600, 1},
+              {ENG_LIN_ADD, 14336, 512, 0},
+              {ENG_LIN_SWIGLU, 4096, 1400, 1},
+              {ENG_LIN_ROPE_KV, 4096, 1536, 1}};
+    char tag[32];
+    for (size_t si = 0; si < sizeof(segss) / sizeof(segss[0]); si++) {
+        snprintf(tag, sizeof(tag), " segs=%d", segss[si]);
+        s_lin_tag = tag;
+        ecu_t_check(eng_cuda_gemv_segs(gpu, segss[si]) == 0, "eng_cuda_gemv_segs");
+        for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++)
+            for (int n = 1; n <= 4; n += 3)
+                test_linear(gpu, ENG_DTYPE_BF16, cs[c].epi, n, cs[c].in, cs[c].out, cs[c].norm, 0);
+    }
+    ecu_t_check(eng_cuda_gemv_segs(gpu, 3) != 0 && eng_cuda_gemv_segs(gpu, 16) != 0 &&
+                    eng_cuda_gemv_segs(cpu, 0) != 0,
+                "eng_cuda_gemv_segs refuses other counts and the CPU backend");
+    eng_cuda_gemv_segs(gpu, 0);
+    s_lin_tag = "";
 }
 
 /* swiglu and the stacked swiglu_fused: ffn 1000 takes the 4-a-thread kernel, 1002 the
@@ -833,6 +866,7 @@ int main(int argc, char **argv)
         mma8->destroy(&mma8);
     test_elementwise();
     test_linears();
+    test_linear_segs();
     test_softmax_sample(gpu, "blocks a row by batch (the default)");
     s_sample_timing(gpu, "blocks a row by batch (the default)");
     /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), and the default without its

@@ -217,7 +217,9 @@ class Cluster:
 
     def results(self, job, *args):
         r = self.cli("results", job, *args)
-        return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+        # split on "\n" only: a JSON string may hold U+2028, U+2029 or U+0085 raw (JSON
+        # escapes only what is below 0x20), and str.splitlines() breaks lines on those
+        return [json.loads(line) for line in r.stdout.split("\n") if line.strip()]
 
     def wait_workers(self, n, kind=None, timeout=30):
         deadline = time.time() + timeout

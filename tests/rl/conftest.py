@@ -70,7 +70,7 @@ def reference(model, prompt_ids, n, max_tokens, temperature, seed=None):
     r = subprocess.run(args, input=json.dumps({"prompt_ids": list(prompt_ids)}) + "\n",
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    out = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    out = [json.loads(line) for line in r.stdout.split("\n") if line.strip()]
     return sorted(out, key=lambda s: s["index"])
 
 

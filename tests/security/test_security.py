@@ -108,7 +108,7 @@ def test_wire_is_not_plaintext(tmp_path, tiny_model, relay, mode):
                   "--no-score", env=env)
         job = json.loads(r.stdout)["job_id"]
         c.wait_state(job)
-        res = [json.loads(x) for x in c.cli("results", job, env=env).stdout.splitlines() if x]
+        res = [json.loads(x) for x in c.cli("results", job, env=env).stdout.split("\n") if x]
         assert len(res) == 6
         for wire in (to_clients, to_workers):
             data = wire.captured()

@@ -27,7 +27,8 @@
     it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0.
     A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
     default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
-    256 x 2k bf16 / fp8 KV; the fused combine (s_decode_combine) x0.91 to x0.97.
+    256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a
+    token merging its partials instead of the combine kernel (x0.91 to x0.97).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -471,38 +472,6 @@ static __device__ __forceinline__ void s_combine_head(float *out, const float *p
     out[((size_t)t * n_head + h) * head_dim + d] = sum > 0.0f ? acc / sum : 0.0f;
 }
 
-/* The fused combine of a decode block (ANVIL_CUDA_ATTN_FUSE=1, head_dim = the block's 128
-   threads): after its partials are written, the block counts itself done for its (token, KV
-   head); the last of the token's splits to finish merges the token's G heads with
-   s_combine_head, the combine kernel's own code (the same bits), and resets the counter for
-   the next launch. Saves the combine's launch and its round trips a layer. */
-template <int G>
-static __device__ __forceinline__ void s_decode_combine(float *out, const float *part_o,
-                                                        const float2 *part_ml,
-                                                        const int *tok_part,
-                                                        const int *tok_nsplit,
-                                                        unsigned *counters, int tok, int kvh,
-                                                        int n_head, int n_kv_head, int hd)
-{
-    __shared__ float wt[ECU_ATTN_CHUNK], red[32];
-    __shared__ int last;
-    __threadfence(); /* this block's partials, before its count */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned *c = counters + (size_t)tok * n_kv_head + kvh;
-        last = atomicAdd(c, 1u) + 1 == (unsigned)tok_nsplit[tok];
-        if (last)
-            *c = 0;
-    }
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence(); /* the other splits' partials, after their counts */
-    const int base = tok_part[tok], ns = tok_nsplit[tok];
-    for (int g = 0; g < G; g++)
-        s_combine_head(out, part_o, part_ml, base, ns, tok, kvh * G + g, n_head, hd, wt, red);
-}
-
 /* A decode item (a tile and a KV head) as a lane sees it: the token, split, keys of its warp
    in the context, and its own key's cache position */
 typedef struct {
@@ -529,15 +498,11 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     s_attn_decode_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
                          const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) T */,
                          const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
-                         int n_dec_tiles /* unused: the signature both decode kernels share */,
                          const int *tok_part /* (n_tok) */, const int *seq_ctx /* (n_seq) */,
                          const int *block_tables /* (n_seq, mb) */, int max_blocks,
                          int block_size, int n_head, int n_kv_head, float scale,
                          float *part_o /* (n_parts, n_head, HD) f32 */,
-                         float2 *part_ml /* (n_parts, n_head) {max, sum} */,
-                         float *fuse_out /* (n_tok, n_head, HD) f32, or NULL */,
-                         const int *tok_nsplit /* (n_tok) */,
-                         unsigned *counters /* (n_tok, n_kv_head) */)
+                         float2 *part_ml /* (n_parts, n_head) {max, sum} */)
 {
     constexpr int PER = HD / 32;
     __shared__ float qs[G][HD];
@@ -663,9 +628,6 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
         s_warps_merge<G>(wm, wl, g, [&](int w) { return wo[w][g][d]; }, part_o, part_ml,
                          pi0 + g, HD, d);
     }
-    if (fuse_out)
-        s_decode_combine<G>(fuse_out, part_o, part_ml, tok_part, tok_nsplit, counters, tok, kvh,
-                            n_head, n_kv_head, HD);
 }
 
 /* ---- Tensor-core decode (st->attn_mma, the default): bf16 or fp8 KV, G = 4 or 8 ----
@@ -783,15 +745,12 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     s_attn_decode_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
                              const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
                              const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
-                             int n_dec_tiles, const int *tok_part /* (n_tok) */,
+                             const int *tok_part /* (n_tok) */,
                              const int *seq_ctx /* (n_seq) */,
                              const int *block_tables /* (n_seq, mb) */, int max_blocks,
                              int block_size, int n_head, int n_kv_head, float scale,
                              float *part_o /* (n_parts, n_head, HD) f32 */,
-                             float2 *part_ml /* (n_parts, n_head) {max, sum} */,
-                             float *fuse_out /* (n_tok, n_head, HD) f32, or NULL */,
-                             const int *tok_nsplit /* (n_tok) */,
-                             unsigned *counters /* (n_tok, n_kv_head) */)
+                             float2 *part_ml /* (n_parts, n_head) {max, sum} */)
 {
     static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
     static_assert(sizeof(T) <= 2, "the mma decode takes bf16 or fp8 KV");
@@ -977,9 +936,6 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
             return G <= 4 ? wo[w][at2] + wo[w][at2 + 4] : wo[w][at2];
         }, part_o, part_ml, pi0 + qg, HD, d);
     }
-    if (fuse_out)
-        s_decode_combine<G>(fuse_out, part_o, part_ml, tok_part, tok_nsplit, counters,
-                            cur.tok, cur.kvh, n_head, n_kv_head, HD);
 }
 
 /* One block (blockDim.x = head_dim) per (token, head): s_combine_head. */
@@ -1049,11 +1005,10 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
                                     : s_attn_decode_mma_kernel<HD, G, T>;
         }
     ECU_CHECK(ecu_launch(st, kernel, grid, dim3(ECU_ATTN_WARPS * 32), 0, q, (const T *)kc,
-                         (const T *)vc, (const int4 *)p->tiles, p->n_dec_tiles, p->tok_part,
+                         (const T *)vc, (const int4 *)p->tiles, p->tok_part,
                          p->seq_ctx, p->block_tables, p->max_blocks, block_size, n_head,
                          n_kv_head, 1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
-                         (float2 *)st->part_ml.ptr, st->attn_fuse_out, p->tok_nsplit,
-                         (unsigned *)st->attn_cnt.ptr));
+                         (float2 *)st->part_ml.ptr));
     return 0;
 }
 
@@ -1112,20 +1067,6 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
     ECU_TRY(ecu_attn_plan(st, batch, n_head, head_dim, &p));
     ECU_TRY(ecu_buf_reserve(&st->part_o, (size_t)p->n_parts * n_head * head_dim * 4));
     ECU_TRY(ecu_buf_reserve(&st->part_ml, (size_t)p->n_parts * n_head * sizeof(float2)));
-    /* the fused combine (s_decode_combine): decode tiles of 1, 2, 4 or 8 query heads a KV head
-       at head_dim 128 (a thread a dimension) merge their own partials; the combine kernel then
-       runs only when prefill tiles need it (and rewrites the decode tokens' same bits) */
-    const int G = n_head / n_kv_head;
-    const bool fuse = st->attn_fuse && head_dim == ECU_ATTN_WARPS * 32 && p->n_dec_tiles > 0 &&
-                      (G == 1 || G == 2 || G == 4 || G == 8);
-    st->attn_fuse_out = NULL;
-    if (fuse) {
-        void *was = st->attn_cnt.ptr;
-        ECU_TRY(ecu_buf_reserve(&st->attn_cnt, (size_t)p->n_tok * n_kv_head * sizeof(unsigned)));
-        if (st->attn_cnt.ptr != was) /* new memory: the counters start at 0 */
-            ECU_CHECK(cudaMemsetAsync(st->attn_cnt.ptr, 0, st->attn_cnt.bytes, st->stream));
-        st->attn_fuse_out = out;
-    }
     int rc;
 #define ECU_ATTN_KV(HD)                                                                        \
     (be->kv_dtype == ENG_DTYPE_BF16                                                            \
@@ -1138,11 +1079,8 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
                                        block_size))
     rc = head_dim == 64 ? ECU_ATTN_KV(64) : ECU_ATTN_KV(128);
 #undef ECU_ATTN_KV
-    st->attn_fuse_out = NULL;
     if (rc)
         return rc;
-    if (fuse && p->n_tiles == p->n_dec_tiles)
-        return 0;
     dim3 grid(p->n_tok, n_head);
     ECU_CHECK(ecu_launch(st, s_attn_combine_kernel, grid, dim3(head_dim), 0, out,
                          (const float *)st->part_o.ptr, (const float2 *)st->part_ml.ptr,

@@ -125,21 +125,11 @@ static void *s_alloc(eng_backend_t *be, size_t bytes)
     return p;
 }
 
-/* Freed memory may have held weights: the successor prefetch forgets what it learned (it
-   must not prefetch from a freed range). */
-static void s_pf_forget(eng_backend_t *be)
-{
-    ecu_state_t *st = ecu_st(be);
-    memset(st->pf, 0, sizeof(st->pf));
-    st->pf_last = NULL;
-}
-
 static void s_free(eng_backend_t *be, void *ptr)
 {
-    if (ptr) {
-        s_pf_forget(be);
+    (void)be;
+    if (ptr)
         cudaFree(ptr);
-    }
 }
 
 static int s_stage_submit(void *ctx, int b, void *dst, size_t n)
@@ -203,10 +193,9 @@ static void *s_weight(eng_backend_t *be, const void *host, size_t bytes)
 
 static void s_weight_release(eng_backend_t *be, void *ptr)
 {
-    if (ptr) {
-        s_pf_forget(be);
+    (void)be;
+    if (ptr)
         cudaFree(ptr);
-    }
 }
 
 /* A checkpoint tensor into device memory the caller allocated (stacked weights), through the
@@ -414,6 +403,22 @@ extern "C" int eng_cuda_device_name(eng_backend_t *be, char *buf, size_t len)
     return 0;
 }
 
+/* The GEMV's column segments a row, fixed (matmul.cu; 0: by the grid's waves). */
+static int s_gemv_segs_set(ecu_state_t *st, int segs)
+{
+    if (segs != 0 && segs != 1 && segs != 2 && segs != 4 && segs != 8)
+        return -EINVAL;
+    st->gemv_segs = segs;
+    return 0;
+}
+
+extern "C" int eng_cuda_gemv_segs(eng_backend_t *be, int segs)
+{
+    if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+        return -EINVAL;
+    return s_gemv_segs_set(ecu_st(be), segs);
+}
+
 extern "C" int eng_cuda_available(void)
 {
     int n = 0;
@@ -450,7 +455,6 @@ static void s_destroy(eng_backend_t **be_p)
         ecu_buf_release(&st->rope_tab);
         ecu_buf_release(&st->part_o);
         ecu_buf_release(&st->part_ml);
-        ecu_buf_release(&st->attn_cnt);
         ecu_buf_release(&st->samp_params);
         ecu_buf_release(&st->samp_out);
         ecu_buf_release_host(&st->samp_host);
@@ -508,10 +512,14 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_WAVES: resident waves the GEMV's column segments aim for (2.5) */
         const char *gw = getenv("ANVIL_CUDA_GEMV_WAVES");
         st->gemv_waves2 = gw && atof(gw) >= 0.5 && atof(gw) <= 64 ? (int)(atof(gw) * 2) : 5;
-        /* ANVIL_CUDA_PREFETCH_MB=M: a GEMV's last blocks prefetch the first M MB of the next
-           product's weights into L2 (matmul.cu; off by default, the A/B) */
-        const char *pm = getenv("ANVIL_CUDA_PREFETCH_MB");
-        st->pf_max = pm && atoi(pm) > 0 && atoi(pm) <= 1024 ? (size_t)atoi(pm) << 20 : 0;
+        /* ANVIL_CUDA_GEMV_SEGS=1|2|4|8 fixes the GEMV's column segments a row (matmul.cu;
+           A/B, eng_cuda_gemv_segs) */
+        /* ANVIL_CUDA_GEMV_ROPE=0: the QKV GEMV leaves rope + KV store to rope_kv_store (A/B) */
+        const char *gr = getenv("ANVIL_CUDA_GEMV_ROPE");
+        st->gemv_rope = !(gr && strcmp(gr, "0") == 0);
+        const char *gs = getenv("ANVIL_CUDA_GEMV_SEGS");
+        if (gs && s_gemv_segs_set(st, atoi(gs)))
+            ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_SEGS=%s ignored (0, 1, 2, 4, 8)", gs);
         /* decode attention on tensor cores for bf16 / fp8 KV and 4 or 8 query heads a KV head
            (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
@@ -525,10 +533,6 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            next to each other (a position's cache row read at once; attention.cu; A/B) */
         const char *ak = getenv("ANVIL_CUDA_ATTN_KV_INNER");
         st->attn_kv_inner = ak && strcmp(ak, "1") == 0;
-        /* ANVIL_CUDA_ATTN_FUSE=1: the last decode block of a token merges its partials (no
-           combine kernel for decode; attention.cu; A/B) */
-        const char *af = getenv("ANVIL_CUDA_ATTN_FUSE");
-        st->attn_fuse = af && strcmp(af, "1") == 0;
         /* ANVIL_CUDA_SAMPLE_LIST=0: the sampler's later passes read the whole row instead of
            the candidates compacted after two radix bytes (softmax.cu; A/B) */
         const char *sl = getenv("ANVIL_CUDA_SAMPLE_LIST");
@@ -581,15 +585,16 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->swiglu_fused = ecu_swiglu_fused;
     be->linear = ecu_linear;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, prefetch %zu "
-             "MB, decode attention %s%s%s%s, sampler %s%s",
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, decode "
+             "attention %s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
-             st->gemv_persist ? "persistent (staged norm)" : "a block a group",
-             st->pf_max >> 20,
+             st->gemv_persist ? st->gemv_rope ? "persistent (staged norm)"
+                                              : "persistent (staged norm), rope apart"
+             : st->gemv_rope  ? "a block a group"
+                              : "a block a group, rope apart",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
-             st->attn_fuse ? ", fused combine" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"

@@ -43,6 +43,13 @@ int eng_cuda_copy_bandwidth(eng_backend_t *be, size_t bytes, int iters, double *
 int eng_cuda_graph_stats(eng_backend_t *be, long long *captures, long long *launches,
                          long long *eager);
 
+/* Fixes the column segments a row of the small-batch GEMV (matmul.cu) for later products:
+   1, 2, 4 or 8 where the shape allows, 0 to choose them by the grid's waves (the default);
+   also read at start from $ANVIL_CUDA_GEMV_SEGS. For benchmarks (anvil-bench-engine
+   --linear-sweep). -EINVAL (nothing changed) for other values or a backend that is not
+   CUDA. */
+int eng_cuda_gemv_segs(eng_backend_t *be, int segs);
+
 /* Device name into buf (for reports). */
 int eng_cuda_device_name(eng_backend_t *be, char *buf, size_t len);
 

@@ -117,24 +117,14 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;
 } ecu_lt_algo_t;
 
-/* The successor prefetch (matmul.cu): what followed a weight matrix in the products the
-   last time, learned as they run. */
-#define ECU_PF_SLOTS 512
-typedef struct {
-    const void *w, *next;
-    size_t next_bytes;
-} ecu_pf_t;
-
 typedef struct {
     int device;
     int n_sm;
     int pdl;                    /* launch decode kernels with programmatic dependent launch */
     int gemv_persist;           /* persistent grid for the staged-norm GEMVs (matmul.cu) */
     int gemv_waves2;            /* resident waves x 2 the GEMV's segments aim for (matmul.cu) */
-    size_t pf_max;              /* bytes of the next product's weights a GEMV prefetches into
-                                   L2 as its blocks end (0: off; ANVIL_CUDA_PREFETCH_MB) */
-    ecu_pf_t pf[ECU_PF_SLOTS];  /* weight -> the weight of the product after it */
-    const void *pf_last;        /* the last product's weight */
+    int gemv_segs;              /* column segments a row, fixed (0: by gemv_waves2; A/B) */
+    int gemv_rope;              /* rope + KV store in the QKV GEMV's epilogue (default; A/B) */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
@@ -167,9 +157,6 @@ typedef struct {
     int rope_tab_ok, rope_tab_n, rope_tab_hd;
     float rope_tab_theta;
     ecu_buf_t part_o, part_ml;  /* attention partials */
-    int attn_fuse;              /* decode blocks merge their partials (attention.cu) */
-    ecu_buf_t attn_cnt;         /* the fused combine's counters, (n_tok, n_kv_head) u32 */
-    float *attn_fuse_out;       /* set around the decode launch when it fuses the combine */
 
     /* sampling */
     int sample_blocks;          /* blocks a row: 1, ECU_SM_CLUSTER (sm_90), 0 = by batch */

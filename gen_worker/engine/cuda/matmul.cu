@@ -21,14 +21,15 @@
     i and i + head_dim/2 of a head for RoPE, then q written out and k, v stored in the paged
     caches; their angles come from a table computed once a step, ecu_rope_table in rope.cu). Larger
     batches compose the same ops from the other kernels (the norm writes the product's rounded
-    input itself, the residual add is cuBLASLt's beta). ANVIL_CUDA_PREFETCH_MB (st->pf_max,
-    off by default; x0.979 at batch 1 with 16 MB on the H200): a GEMV's last resident wave
-    prefetches the first M MB of the next product's weights into L2 as its blocks end
-    (s_gemv_prefetch), so DRAM keeps working through the kernel's tail and the short kernels
-    after it; which product comes next is learned as they run (s_pf_step). Measured on the
-    H200 and removed (2026-12-05, graphs tok/s at batch 1 against the default): a cp.async
-    ring GEMV on a persistent grid (x0.875), the norm folded into W at batch 1 too (x0.916);
-    and timing cuBLASLt's first 8 candidates per decode shape (x0.987 at batch 256).
+    input itself, the residual add is cuBLASLt's beta). Measured on the H200 and removed
+    (graphs tok/s at batch 1 against the default): a cp.async ring GEMV on a persistent grid
+    (x0.875), the norm folded into W at batch 1 too (x0.916), a successor prefetch (the last
+    resident wave bulk-prefetching the next product's first 16 MB into L2, x0.979), timing
+    cuBLASLt's first 8 candidates per decode shape (x0.987 at batch 256); and (2026-12-05,
+    `anvil-bench-engine --linear 1 --linear-sweep` for each product on its own, then whole
+    steps) stream variants that issue 4, 8 or 16 predicated loads a chunk (x0.947, x0.863,
+    x0.804) and a bulk-copy GEMV (a block an SM streaming its rows through 32 shared-memory
+    stages of 4 KB filled by cp.async.bulk on mbarriers: 1.8 to 2.0 TB/s a product, x0.519).
 */
 #include "eng_cuda_internal.h"
 
@@ -90,37 +91,7 @@ typedef struct {
     const int32_t *slots;    /* ROPE_KV: (n) device */
     const float2 *angles;    /* ROPE_KV: (n, head_dim / 2) {cos, sin} (ecu_rope_table) */
     int n_head, n_kv_head, head_dim, kv_dtype;
-    /* the successor prefetch: the first pf_bytes of the next product's weights, in slices,
-       one a block for blocks pf_first .. pf_first + pf_blocks - 1 (the last resident wave),
-       issued as each block ends; pf NULL: none */
-    const char *pf;
-    unsigned long long pf_bytes;
-    unsigned pf_first, pf_blocks;
 } s_gemv_args_t;
-
-#define ECU_PF_CHUNK 16384 /* bytes a bulk prefetch instruction asks for */
-
-/* This block's slice of the successor prefetch (s_gemv_args_t.pf): bulk L2 prefetches
-   (cp.async.bulk.prefetch, sm_90), a hint with nothing to wait for, issued as the block ends
-   so that the DRAM time of the kernel's tail and of the short kernels after it (attention
-   before O, the sampler before the next step's first QKV) fetches what the next GEMV's first
-   wave reads. Byte counts and offsets are multiples of 16. */
-static __device__ __forceinline__ void s_gemv_prefetch(const s_gemv_args_t &a)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (!a.pf || blockIdx.x < a.pf_first || blockIdx.x - a.pf_first >= a.pf_blocks)
-        return;
-    const unsigned long long slice = (a.pf_bytes / a.pf_blocks + 15) & ~15ull;
-    const unsigned long long s0 = (blockIdx.x - a.pf_first) * slice;
-    const unsigned long long s1 = s0 + slice < a.pf_bytes ? s0 + slice : a.pf_bytes;
-    for (unsigned long long at = s0 + (unsigned long long)threadIdx.x * ECU_PF_CHUNK; at < s1;
-         at += (unsigned long long)blockDim.x * ECU_PF_CHUNK) {
-        const unsigned sz = (unsigned)(s1 - at < ECU_PF_CHUNK ? s1 - at : ECU_PF_CHUNK);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf + at), "r"(sz)
-                     : "memory");
-    }
-#endif
-}
 
 /* acc[r] += the 8 weights at column k times row r of x, for the n <= N live rows. FOLD (the
    norm folded into W): the weights are first scaled by the norm's weights g (once for all
@@ -469,7 +440,6 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
         if constexpr (ROPE)
             s_rope_prep(a, b, R, &rc, &rs, &kvo);
     }
-    s_gemv_prefetch(a);
 }
 
 /* Column segments a row for the GEMV: short weight matrices (QKV, O, down at batch 1) fill
@@ -479,7 +449,8 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
    waves of resident blocks (ANVIL_CUDA_GEMV_WAVES, st->gemv_waves2 / 2), while a segment
    keeps >= 1024 columns and divides evenly. Pair epilogues need two rows a block (segs <= 4)
    and, for RoPE, head_dim / 2 a multiple of the pairs a block holds; 0 when no segment count
-   fits (the caller composes the ops). */
+   fits (the caller composes the ops). ANVIL_CUDA_GEMV_SEGS (st->gemv_segs, the A/B) fixes
+   the count where it fits. */
 template <int N, typename T, int NORM, bool ROPE>
 static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, int head_dim,
                        long *slots_out)
@@ -499,8 +470,14 @@ static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, 
     const bool pair = epi == ENG_LIN_SWIGLU || epi == ENG_LIN_ROPE_KV;
     const int max_segs = pair ? ECU_GEMV_WARPS / 2 : ECU_GEMV_WARPS;
     int segs = 1;
-    while (segs < max_segs && ((long)out_dim * segs + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS
-                                  < slots * st->gemv_waves2 / 2 &&
+    if (st->gemv_segs > 0) {
+        segs = st->gemv_segs < max_segs ? st->gemv_segs : max_segs;
+        while (segs > 1 && in_dim % (8 * segs) != 0)
+            segs /= 2;
+    }
+    while (st->gemv_segs == 0 && segs < max_segs &&
+           ((long)out_dim * segs + ECU_GEMV_WARPS - 1) / ECU_GEMV_WARPS <
+               slots * st->gemv_waves2 / 2 &&
            in_dim % (16 * segs) == 0 && in_dim / (2 * segs) >= 1024)
         segs *= 2;
     if (epi == ENG_LIN_ROPE_KV) {
@@ -548,10 +525,6 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
        all (the A/B). */
     const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
     const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
-    if (a.pf) { /* the last resident wave prefetches */
-        a.pf_blocks = (unsigned)((long)grid.x < slots ? (long)grid.x : slots);
-        a.pf_first = grid.x - a.pf_blocks;
-    }
     if (rope)
         ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, grid, dim3(ECU_GEMV_WARPS * 32),
                              smem, w, a));
@@ -734,57 +707,10 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
     return 0;
 }
 
-/* The successor prefetch's table (st->pf, open addressing on the weight's address): the
-   entry of w, added when insert and there is room; NULL otherwise. */
-static ecu_pf_t *s_pf_find(ecu_state_t *st, const void *w, bool insert)
-{
-    uint64_t h = (uint64_t)(uintptr_t)w >> 8;
-    h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
-    for (int i = 0; i < ECU_PF_SLOTS; i++) {
-        ecu_pf_t *e = &st->pf[(h + (uint64_t)i) % ECU_PF_SLOTS];
-        if (e->w == w)
-            return e;
-        if (!e->w) {
-            if (!insert)
-                return NULL;
-            e->w = w, e->next = NULL, e->next_bytes = 0;
-            return e;
-        }
-    }
-    return NULL;
-}
-
-/* A product with weight w (bytes long) is about to run: records it as the successor of the
-   product before (a decode step runs the same products in the same order every step, and
-   the last one, lm_head, is followed by the next step's first), and gives the weight that
-   followed w the last time with the bytes of it to prefetch (*pf NULL: none known, or the
-   prefetch is off). The table is forgotten when device memory is freed (eng_cuda.cu). */
-static void s_pf_step(ecu_state_t *st, const void *w, size_t bytes, const char **pf,
-                      unsigned long long *pf_bytes)
-{
-    *pf = NULL, *pf_bytes = 0;
-    if (!st->pf_max)
-        return;
-    if (st->pf_last && st->pf_last != w) {
-        ecu_pf_t *e = s_pf_find(st, st->pf_last, true);
-        if (e)
-            e->next = w, e->next_bytes = bytes;
-    }
-    st->pf_last = w;
-    const ecu_pf_t *e = s_pf_find(st, w, false);
-    if (e && e->next && e->next != w) {
-        size_t b = e->next_bytes < st->pf_max ? e->next_bytes : st->pf_max;
-        *pf = (const char *)e->next, *pf_bytes = b & ~(size_t)15;
-        if (*pf_bytes == 0 || (uintptr_t)e->next % 16)
-            *pf = NULL, *pf_bytes = 0;
-    }
-}
-
 /* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= ECU_GEMV_MAX
-   (16-byte aligned rows), cuBLASLt above. pf / pf_bytes: the GEMV's successor prefetch. */
+   (16-byte aligned rows), cuBLASLt above. */
 static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, const void *bias,
-                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc,
-                    const char *pf = NULL, unsigned long long pf_bytes = 0)
+                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
 {
     if (in_dim % 8) {
         ANV_ERROR("cuda matmul: in_dim %d is not a multiple of 8", in_dim);
@@ -796,7 +722,6 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
         s_gemv_args_t a = {};
         a.out = out, a.x = x, a.bias = bias, a.n = n, a.in_dim = in_dim, a.out_dim = out_dim;
         a.epi = acc ? ENG_LIN_ADD : ENG_LIN_PLAIN;
-        a.pf = pf, a.pf_bytes = pf_bytes;
         int rc = s_gemv_launch(st, w, dtype, a);
         return rc < 0 ? rc : rc == 1 ? 0 : ANV_EINTERNAL; /* plain rows always fit */
     }
@@ -831,11 +756,7 @@ extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const v
     if (!out || !x || !w || n <= 0 || in_dim <= 0 || out_dim <= 0 || ecu_dtype_size(dtype) == 0 ||
         out == x)
         return -EINVAL;
-    ecu_state_t *st = ecu_st(be);
-    const char *pf;
-    unsigned long long pfb;
-    s_pf_step(st, w, (size_t)out_dim * in_dim * ecu_dtype_size(dtype), &pf, &pfb);
-    return s_matmul(st, out, x, w, bias, dtype, n, in_dim, out_dim, false, pf, pfb);
+    return s_matmul(ecu_st(be), out, x, w, bias, dtype, n, in_dim, out_dim, false);
 }
 
 /* linear op by op, for shapes the fused GEMV does not take (more than ECU_GEMV_MAX rows,
@@ -897,14 +818,26 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
     }
     const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 &&
                          (uintptr_t)f->norm_w % 16 == 0;
-    const char *pf;
-    unsigned long long pfb;
-    s_pf_step(st, w, (size_t)out_dim * in_dim * ecu_dtype_size(dtype), &pf, &pfb);
     if (n <= ECU_GEMV_MAX && aligned && (!f->norm_w || f->norm_dtype == dtype)) {
         s_gemv_args_t a = {};
-        a.pf = pf, a.pf_bytes = pfb;
         a.out = out, a.x = x, a.bias = bias, a.norm_w = f->norm_w, a.eps = f->eps, a.n = n;
         a.in_dim = in_dim, a.out_dim = out_dim, a.epi = f->epi;
+        if (f->epi == ENG_LIN_ROPE_KV && !st->gemv_rope) {
+            /* ANVIL_CUDA_GEMV_ROPE=0 (the A/B): the GEMV writes q|k|v with the norm folded in
+               and the plain epilogue (the kernel of gate|up and lm_head, 80 registers, 3
+               blocks an SM, against the rope instantiation's 99 and 2), then rope_kv_store
+               rotates and stores them: a kernel more a layer */
+            ECU_TRY(ecu_buf_reserve(&st->lin_y, (size_t)n * out_dim * sizeof(float)));
+            a.out = (float *)st->lin_y.ptr, a.epi = ENG_LIN_PLAIN;
+            const int rc = s_gemv_launch(st, w, dtype, a);
+            if (rc < 0)
+                return rc;
+            if (rc == 1)
+                return ecu_rope_kv_store(be, out, (const float *)st->lin_y.ptr, f->k_cache,
+                                         f->v_cache, f->pos, f->slots, n, f->n_head,
+                                         f->n_kv_head, f->head_dim, f->theta);
+            return s_linear_composed(be, out, x, w, bias, dtype, n, in_dim, out_dim, f);
+        }
         if (f->epi == ENG_LIN_ROPE_KV) {
             ECU_TRY(ecu_rope_table(st, f->pos, n, f->head_dim, f->theta, &a.angles));
             ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &a.slots));

@@ -25,6 +25,14 @@
                 sharing works), the peak KV tokens held and a hash of every sample's tokens:
                 --grpo-no-sharing prefills each sample on its own, and on a backend whose
                 rows do not depend on the batch (the CPU) gives the same hash.
+    linear      (--linear B1,B2..., off by default) each product of a layer through the
+                backend's fused linear op at batch B, with the model's epilogues (QKV + norm
+                + rope + KV store, O + residual add, gate|up + norm + SwiGLU, down + residual
+                add, lm_head + final norm): --linear-reps passes over the layers' own weight
+                copies (so a product reads DRAM, not L2), one host sync at the end; prints
+                us a call and the weights' GB/s against the copy. --linear-sweep repeats it
+                with the CUDA GEMV's column segments a row fixed at 1, 2, 4 and 8
+                (eng_cuda_gemv_segs), then by the default rule again (the drift).
 
     Achieved bandwidth counts the bytes a decode step must read at least: all weights plus
     the K/V of every cached position; it is reported as a fraction of a device-to-device copy
@@ -57,6 +65,7 @@ typedef struct {
     int grpo_prompts, grpo_samples, grpo_prompt, grpo_min_new, grpo_max_new, grpo_chunk;
     int grpo_max_batch, kv_blocks, grpo_no_sharing;
     uint64_t grpo_seed;
+    int lin_batches[S_MAX_BATCHES], n_lin, lin_reps, lin_sweep;
 } s_opts_t;
 
 static double s_now(void)
@@ -85,6 +94,7 @@ static void s_usage(void)
             "              [--grpo-min-new 256] [--grpo-max-new 4096] [--grpo-chunk 2048]\n"
             "              [--grpo-max-batch 512] [--grpo-seed 1] [--kv-blocks N]\n"
             "              [--grpo-no-sharing]\n"
+            "  linear:     [--linear 1,8 (off)] [--linear-reps 10] [--linear-sweep]\n"
             "  (--small = --shape small)\n");
 }
 
@@ -98,6 +108,27 @@ static int s_int(const char *v, int *out)
     return 0;
 }
 
+/* "1,16,64" into out (at most S_MAX_BATCHES values, each > 0); "none": no values. */
+static int s_int_list(const char *v, int *out, int *n)
+{
+    *n = 0;
+    if (strcmp(v, "none") == 0)
+        return 0;
+    for (const char *s = v; *s;) {
+        char *e;
+        long x = strtol(s, &e, 10);
+        if (e == s || x <= 0 || x > 1 << 20 || *n == S_MAX_BATCHES)
+            return -1;
+        out[(*n)++] = (int)x;
+        s = e;
+        if (*s == ',')
+            s++;
+        else if (*s)
+            return -1;
+    }
+    return *n > 0 ? 0 : -1;
+}
+
 static int s_parse(int argc, char **argv, s_opts_t *o)
 {
     memset(o, 0, sizeof(*o));
@@ -107,7 +138,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     o->ctx_batch = 256, o->ctx_len = 2048, o->ctx_new = 256;
     o->grpo_prompts = 64, o->grpo_samples = 8, o->grpo_prompt = 1024;
     o->grpo_min_new = 256, o->grpo_max_new = 4096, o->grpo_chunk = 2048;
-    o->grpo_max_batch = 512, o->grpo_seed = 1;
+    o->grpo_max_batch = 512, o->grpo_seed = 1, o->lin_reps = 10;
     struct {
         const char *name;
         int *dst;
@@ -128,6 +159,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         {"--grpo-chunk", &o->grpo_chunk},
         {"--grpo-max-batch", &o->grpo_max_batch},
         {"--kv-blocks", &o->kv_blocks},
+        {"--linear-reps", &o->lin_reps},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -157,21 +189,15 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         } else if (strcmp(a, "--grpo-seed") == 0 && v) {
             o->grpo_seed = strtoull(v, NULL, 10), i++;
         } else if (strcmp(a, "--batches") == 0 && v) {
-            o->n_batches = 0;
+            if (s_int_list(v, o->batches, &o->n_batches))
+                goto bad;
             i++;
-            if (strcmp(v, "none") == 0)
-                continue;
-            for (const char *s = v; *s && o->n_batches < S_MAX_BATCHES;) {
-                char *e;
-                o->batches[o->n_batches++] = (int)strtol(s, &e, 10);
-                if (e == s)
-                    goto bad;
-                s = e;
-                if (*s == ',')
-                    s++;
-                else if (*s)
-                    goto bad;
-            }
+        } else if (strcmp(a, "--linear") == 0 && v) {
+            if (s_int_list(v, o->lin_batches, &o->n_lin))
+                goto bad;
+            i++;
+        } else if (strcmp(a, "--linear-sweep") == 0) {
+            o->lin_sweep = 1;
         } else {
             goto bad;
         }
@@ -182,6 +208,8 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
     if (strcmp(o->backend, "cuda") && strcmp(o->backend, "cpu"))
         goto bad;
     if (strcmp(o->shape, "8b") && strcmp(o->shape, "small") && strcmp(o->shape, "tiny"))
+        goto bad;
+    if (o->lin_reps < 1)
         goto bad;
     if (o->prompt < 1 || o->n_new < 1 || o->chunk < o->prompt || o->ctx_len < 1 ||
         o->ctx_new < 1 || o->grpo_samples < 1 || o->grpo_prompt < 1 || o->grpo_min_new < 1 ||
@@ -664,8 +692,181 @@ out:
 
 /* --- main -------------------------------------------------------------------------------- */
 
-static void s_print_decode(const s_opts_t *o, const char *dev, const char *kind,
-                           const s_result_t *r, const s_result_t *g, int n_new)
+/* --- linear: the products one by one ------------------------------------------------------ */
+
+typedef struct {
+    const char *name;
+    int in_dim, out_dim, norm, copies; /* copies: weight matrices cycled through (layers) */
+    eng_lin_epi_t epi;
+    void *w; /* copies x (out_dim, in_dim) bf16 */
+} s_prod_t;
+
+/* One pass of the timed loop: `reps` passes over the product's copies, one sync; seconds
+   a call. */
+static int s_linear_time(eng_backend_t *be,
+                         const s_prod_t *p,
+                         const eng_bm_config_t *c,
+                         int B,
+                         int reps,
+                         float *out,
+                         const float *x,
+                         const void *norm_w,
+                         const eng_linear_t *rope,
+                         double *s_call)
+{
+    eng_linear_t f = {0};
+    if (p->epi == ENG_LIN_ROPE_KV)
+        f = *rope;
+    f.norm_w = p->norm ? norm_w : NULL, f.norm_dtype = c->wdtype, f.eps = c->eps;
+    f.epi = p->epi;
+    size_t wb = (size_t)p->out_dim * p->in_dim * eng_dtype_size(c->wdtype);
+    double t0 = 0;
+    for (int r = -1; r < reps; r++) { /* r = -1: the warm-up pass, untimed */
+        if (r == 0) {
+            int rc = be->sync(be);
+            if (rc)
+                return rc;
+            t0 = s_now();
+        }
+        for (int l = 0; l < p->copies; l++) {
+            int rc = be->linear(be, out, x, (const char *)p->w + l * wb, NULL, c->wdtype, B,
+                                p->in_dim, p->out_dim, &f);
+            if (rc)
+                return rc;
+        }
+    }
+    int rc = be->sync(be);
+    *s_call = (s_now() - t0) / ((double)reps * p->copies);
+    return rc;
+}
+
+/* The products of one layer and lm_head at batch B (and each fixed segment count of the CUDA
+   GEMV with --linear-sweep): us a call, the weights' GB/s and its fraction of the copy. */
+static int
+s_linear(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, const char *dev, double copy_gbps)
+{
+    eng_backend_t *be = x->be;
+    const int H = c->hidden, qd = c->n_head * c->head_dim, kd = c->n_kv_head * c->head_dim;
+    const int L = c->n_layer;
+    s_prod_t P[] = {
+        {"qkv", H, qd + 2 * kd, 1, L, ENG_LIN_ROPE_KV, NULL},
+        {"o", qd, H, 0, L, ENG_LIN_ADD, NULL},
+        {"gate_up", H, 2 * c->ffn, 1, L, ENG_LIN_SWIGLU, NULL},
+        {"down", c->ffn, H, 0, L, ENG_LIN_ADD, NULL},
+        {"lm_head", H, c->vocab, 1, 1, ENG_LIN_PLAIN, NULL},
+    };
+    const int n_p = (int)(sizeof(P) / sizeof(P[0]));
+    int max_b = 0, max_dim = 0, rc = 0;
+    for (int i = 0; i < o->n_lin; i++)
+        max_b = o->lin_batches[i] > max_b ? o->lin_batches[i] : max_b;
+    for (int i = 0; i < n_p; i++) {
+        max_dim = P[i].in_dim > max_dim ? P[i].in_dim : max_dim;
+        max_dim = P[i].out_dim > max_dim ? P[i].out_dim : max_dim;
+    }
+    const size_t ws = eng_dtype_size(c->wdtype), kvs = eng_dtype_size(be->kv_dtype);
+    const int bs = c->block_size, kv_blocks = (max_b + bs - 1) / bs;
+    float *xin = be->alloc(be, (size_t)max_b * max_dim * 4);
+    float *out = be->alloc(be, (size_t)max_b * max_dim * 4);
+    void *norm_w = be->alloc(be, (size_t)max_dim * ws);
+    void *kc = be->alloc(be, (size_t)kv_blocks * bs * kd * kvs);
+    void *vc = be->alloc(be, (size_t)kv_blocks * bs * kd * kvs);
+    int32_t *pos = calloc((size_t)max_b, 4), *slots = calloc((size_t)max_b, 4);
+    if (!xin || !out || !norm_w || !kc || !vc || !pos || !slots) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (int r = 0; r < max_b; r++)
+        pos[r] = 100 + r, slots[r] = r;
+    if ((rc = x->fill(be, xin, ENG_DTYPE_F32, (size_t)max_b * max_dim, 7, 0.0f, 1.0f)) ||
+        (rc = x->fill(be, out, ENG_DTYPE_F32, (size_t)max_b * max_dim, 8, 0.0f, 1.0f)) ||
+        (rc = x->fill(be, norm_w, c->wdtype, (size_t)max_dim, 9, 1.0f, 0.1f)))
+        goto out;
+    for (int i = 0; i < n_p; i++) {
+        size_t n = (size_t)P[i].copies * P[i].out_dim * P[i].in_dim;
+        if (!(P[i].w = be->alloc(be, n * ws))) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        if ((rc = x->fill(be, P[i].w, c->wdtype, n, 100 + (uint64_t)i, 0.0f, 0.02f)))
+            goto out;
+    }
+    /* segments a row (0: the default rule); the default alone unless --linear-sweep on CUDA */
+    static const int knobs[] = {0, 1, 2, 4, 8, 0};
+    const int n_knobs = o->lin_sweep && x->cuda ? (int)(sizeof(knobs) / sizeof(knobs[0])) : 1;
+    if (o->lin_sweep && !x->cuda)
+        fprintf(stderr, "anvil-bench-engine: --linear-sweep needs the CUDA backend; the "
+                        "default only\n");
+    if (!o->json)
+        printf("linear device=%s copy_gbps=%.0f layers=%d reps=%d weights=%s\n", dev, copy_gbps, L,
+               o->lin_reps, eng_dtype_name(c->wdtype));
+    eng_step_t step = {0};
+    for (int bi = 0; bi < o->n_lin; bi++) {
+        const int B = o->lin_batches[bi];
+        step.n_tok = B, step.pos = pos, step.slots = slots;
+        eng_linear_t rope = {0};
+        rope.k_cache = kc, rope.v_cache = vc, rope.pos = pos, rope.slots = slots;
+        rope.n_head = c->n_head, rope.n_kv_head = c->n_kv_head, rope.head_dim = c->head_dim;
+        rope.theta = c->rope_theta;
+        /* the step's positions once (the rope table is built a step, not a call) */
+        if (be->prepare && (rc = be->prepare(be, &step)))
+            goto out;
+        for (int k = 0; k < n_knobs; k++) {
+            if (x->cuda && (rc = eng_cuda_gemv_segs(be, knobs[k])))
+                goto out;
+            double layer_us = 0, layer_bytes = 0;
+            for (int i = 0; i < n_p; i++) {
+                double sc = 0;
+                if ((rc =
+                         s_linear_time(be, &P[i], c, B, o->lin_reps, out, xin, norm_w, &rope, &sc)))
+                    goto out;
+                const double bytes = (double)P[i].out_dim * P[i].in_dim * ws;
+                const double gbps = bytes / sc / 1e9;
+                if (i < n_p - 1)
+                    layer_us += sc * 1e6, layer_bytes += bytes;
+                if (o->json)
+                    printf("{\"bench\":\"linear\",\"device\":\"%s\",\"batch\":%d,"
+                           "\"segs\":%d,\"product\":\"%s\",\"in\":%d,\"out\":%d,\"us\":%.2f,"
+                           "\"gbps\":%.0f,\"frac_copy\":%.3f}\n",
+                           dev, B, knobs[k], P[i].name, P[i].in_dim, P[i].out_dim, sc * 1e6, gbps,
+                           copy_gbps > 0 ? gbps / copy_gbps : 0);
+                else
+                    printf("linear batch=%d segs=%d product=%-7s in=%d out=%d us=%.2f "
+                           "gbps=%.0f frac_copy=%.3f\n",
+                           B, knobs[k], P[i].name, P[i].in_dim, P[i].out_dim, sc * 1e6, gbps,
+                           copy_gbps > 0 ? gbps / copy_gbps : 0);
+            }
+            const double lg = layer_bytes / (layer_us * 1e-6) / 1e9;
+            if (o->json)
+                printf("{\"bench\":\"linear\",\"device\":\"%s\",\"batch\":%d,"
+                       "\"segs\":%d,\"product\":\"layer\",\"us\":%.2f,\"gbps\":%.0f,"
+                       "\"frac_copy\":%.3f}\n",
+                       dev, B, knobs[k], layer_us, lg, copy_gbps > 0 ? lg / copy_gbps : 0);
+            else
+                printf("linear batch=%d segs=%d product=layer   us=%.2f gbps=%.0f "
+                       "frac_copy=%.3f\n",
+                       B, knobs[k], layer_us, lg, copy_gbps > 0 ? lg / copy_gbps : 0);
+            fflush(stdout);
+        }
+    }
+    if (x->cuda)
+        rc = eng_cuda_gemv_segs(be, 0);
+out:
+    if (rc)
+        fprintf(stderr, "anvil-bench-engine: linear failed: %s\n", anv_strerror(rc));
+    for (int i = 0; i < n_p; i++)
+        be->free(be, P[i].w);
+    be->free(be, xin), be->free(be, out), be->free(be, norm_w);
+    be->free(be, kc), be->free(be, vc);
+    free(pos), free(slots);
+    return rc;
+}
+
+static void s_print_decode(const s_opts_t *o,
+                           const char *dev,
+                           const char *kind,
+                           const s_result_t *r,
+                           const s_result_t *g,
+                           int n_new)
 {
     if (o->json) {
         printf("{\"bench\":\"%s\",\"device\":\"%s\",\"batch\":%d,\"%s\":%d,\"new\":%d,"
@@ -796,6 +997,8 @@ int main(int argc, char **argv)
             goto out;
         eng_bm_destroy(&m);
     }
+    if (o.n_lin > 0 && s_linear(&x, &c, &o, dev, copy_gbps))
+        goto out;
     if (o.grpo_prompts > 0) {
         if (s_grpo(&x, &c, &o, copy_gbps, &gr))
             goto out;

@@ -38,30 +38,28 @@
 #   bench_kvs    bf16 then fp8 KV, batch 1 and 256 and batch 256 at 2k, the defaults: the base
 #                of the A/B steps below; then batch 1 at ANVIL_CUDA_GEMV_WAVES 1, 5 and 10 (the
 #                waves the GEMV's column segments aim for; 2.5 by default)
-#   ops_fuse     test_cuda_ops with ANVIL_CUDA_ATTN_FUSE=1 (decode blocks merge their partials)
-#   model_fuse   test_cuda_model with ANVIL_CUDA_ATTN_FUSE=1
-#   graphs_fuse  test_cuda_graphs with ANVIL_CUDA_ATTN_FUSE=1
-#   bench_fuse   bench_kvs's bf16 runs with ANVIL_CUDA_ATTN_FUSE=1: the fused combine's side of
-#                the A/B against bench_kvs's first run
-#   bench_list   bench_fuse's runs without it, with ANVIL_CUDA_SAMPLE_LIST=0 (the sampler reads the
-#                whole row in every pass): the candidate list's A/B against bench_kvs's first run
-#   model_pf     test_cuda_model with ANVIL_CUDA_PREFETCH_MB=16 (the successor prefetch: a hint,
-#                so the same results; checks that nothing faults)
-#   graphs_pf    test_cuda_graphs with ANVIL_CUDA_PREFETCH_MB=16
-#   bench_pf     batch 1, bf16 KV, graphs: ANVIL_CUDA_PREFETCH_MB 0, 8, 16 and 32: the successor
-#                prefetch's A/B
+#   linear       anvil-bench-engine --linear 1,4 --linear-sweep: each product of a layer (QKV,
+#                O, gate|up, down, lm_head) on its own at batch 1 and 4, GB/s against the copy,
+#                by the default segments rule and with 1, 2, 4, 8 column segments a row
+#                (ANVIL_CUDA_GEMV_SEGS): where the small-batch GEMVs lose bandwidth, in seconds
+#   kernels_gemv ncu's detail sections (speed of light, memory, occupancy, warp states,
+#                launch) for one decode layer's kernels at batch 1 (QKV, attention, combine, O,
+#                gate|up, down): why QKV and O stream slower than gate|up
 #   ops_vlate    test_cuda_ops with ANVIL_CUDA_ATTN_VLATE=0 (the tensor-core decode loads V
 #                with K, the default's A/B; by default V is loaded after q.k)
 #   bench_vlate  bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_VLATE=0: the
 #                A/B against bench_kvs's
+#   ops_rope0    test_cuda_ops with ANVIL_CUDA_GEMV_ROPE=0 (the small-batch QKV GEMV writes q|k|v
+#                and rope_kv_store rotates and stores them, instead of its rope epilogue)
+#   model_rope0  test_cuda_model with ANVIL_CUDA_GEMV_ROPE=0
 #   ops_kvi      test_cuda_ops with ANVIL_CUDA_ATTN_KV_INNER=1 (the decode grid runs a tile's
 #                KV heads next to each other)
 #   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
 #   bench_kvi    bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_KV_INNER=1: the
 #                A/B against bench_kvs's
-#   bench_ab     every A/B switch (prefetch, fuse, sample list, KV heads inner, V with K)
-#                against the default, in short runs: batch 1, batch 256, batch 256 x 2k bf16 and
-#                fp8 (the default first and last in each group); ~4 minutes
+#   bench_ab     every A/B switch (the GEMV's segments at batch 1, KV heads inner, V with K)
+#                against the default, in short runs: batch 1, batch 256, batch
+#                256 x 2k bf16 and fp8 (the default first and last in each group); ~4 minutes
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -248,12 +246,18 @@ step bench_kvs 240 env KV_LIST="$KV_LIST" bash -c 'b=$0; n=$1; shift
             echo "== kv default ANVIL_CUDA_GEMV_WAVES=$wv"
             ANVIL_CUDA_GEMV_WAVES=$wv "$b" "${b1[@]}" || exit 1
         done' "$BENCH" "${#KV_ARGS[@]}" "${KV_ARGS[@]}" "${B1_ARGS[@]}"
-step ops_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_OPS"
-step model_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_MODEL"
-step graphs_fuse 90 env ANVIL_CUDA_ATTN_FUSE=1 "$T_GRAPHS"
-step bench_fuse 120 env ANVIL_CUDA_ATTN_FUSE=1 "$BENCH" "${KV_ARGS[@]}"
-step bench_list 120 env ANVIL_CUDA_SAMPLE_LIST=0 "$BENCH" "${KV_ARGS[@]}"
+if [ $DRY = 1 ]; then
+    # shellcheck disable=SC2054
+    LIN_ARGS=(--backend cpu --shape tiny --threads 4 --linear 1,4 --linear-reps 2)
+else
+    # shellcheck disable=SC2054
+    LIN_ARGS=(--linear 1,4 --linear-reps 20)
+fi
+step linear 120 "$BENCH" --batches none --ctx-batch 0 --grpo-prompts 0 --linear-sweep \
+    "${LIN_ARGS[@]}"
 step ops_vlate 90 env ANVIL_CUDA_ATTN_VLATE=0 "$T_OPS"
+step ops_rope0 90 env ANVIL_CUDA_GEMV_ROPE=0 "$T_OPS"
+step model_rope0 90 env ANVIL_CUDA_GEMV_ROPE=0 "$T_MODEL"
 # bench_kvs's first runs for each KV dtype with one switch set ($1, NAME=VALUE)
 KV_AB='b=$0; sw=$1; shift
         for kv in $KV_LIST; do
@@ -266,13 +270,6 @@ step ops_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_OPS"
 step model_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_MODEL"
 step bench_kvi 150 env KV_LIST="$KV_LIST" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_KV_INNER=1 \
     "${KV_ARGS[@]}"
-step model_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_MODEL"
-step graphs_pf 90 env ANVIL_CUDA_PREFETCH_MB=16 "$T_GRAPHS"
-step bench_pf 200 bash -c 'b=$0
-        for mb in 0 8 16 32; do
-            echo "== ANVIL_CUDA_PREFETCH_MB=$mb"
-            ANVIL_CUDA_PREFETCH_MB=$mb "$b" "$@" || exit 1
-        done' "$BENCH" "${B1_ARGS[@]}"
 # bench_ab: every A/B switch against the default in one step, in short runs (batch 1
 # 128 new tokens; batch 256 64 new; batch 256 x 2k via decode_ctx, no prefill, 128 new), the
 # default first and last in each group to show the drift between runs
@@ -289,26 +286,19 @@ else
     AB_KVS="bf16 fp8"
 fi
 AB_RUNS="b1 -
-b1 ANVIL_CUDA_PREFETCH_MB=16
-b1 ANVIL_CUDA_ATTN_FUSE=1
+b1 ANVIL_CUDA_GEMV_ROPE=0
+b1 ANVIL_CUDA_GEMV_SEGS=1
+b1 ANVIL_CUDA_GEMV_SEGS=2
 b1 ANVIL_CUDA_ATTN_KV_INNER=1
-b1 ANVIL_CUDA_ATTN_VLATE=0
 b1 -
 b256 -
-b256 ANVIL_CUDA_SAMPLE_LIST=0
-b256 ANVIL_CUDA_ATTN_FUSE=1
 b256 ANVIL_CUDA_ATTN_KV_INNER=1
-b256 ANVIL_CUDA_ATTN_VLATE=0
 b256 -
 ctx16 -
-ctx16 ANVIL_CUDA_ATTN_FUSE=1
 ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
-ctx16 ANVIL_CUDA_ATTN_VLATE=0
 ctx16 -
 ctx8 -
-ctx8 ANVIL_CUDA_ATTN_FUSE=1
 ctx8 ANVIL_CUDA_ATTN_KV_INNER=1
-ctx8 ANVIL_CUDA_ATTN_VLATE=0
 ctx8 -"
 step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B256="$AB_B256" AB_CTX="$AB_CTX" \
     AB_KVS="$AB_KVS" bash -c 'b=$0; read -r kv16 kv8 <<< "$AB_KVS"; fails=0
@@ -404,6 +394,13 @@ if [ $DRY = 0 ] && command -v ncu > /dev/null; then
     step kernels 240 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
     step kernels_b256 120 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 256 \
         --ctx-len 2048
+    # the prefill's 65 kernels named *attn* or *gemv* (32 x attention + combine, the lm_head
+    # row) and two decode steps' 193 each, then layer 0 of the third decode step (no graphs)
+    step kernels_gemv 240 ncu --clock-control none --kernel-name regex:"gemv|attn" \
+        --launch-skip 451 --launch-count 6 --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        --section LaunchStats --section SchedulerStats "$BENCH" --batches 1 --prompt 512 \
+        --new 8 --ctx-batch 0 --grpo-prompts 0
     step kernels_fma 240 env ANVIL_CUDA_KV=fp8 bash -c '
             "$0" "$1" --bench "$2" --out "$3/fp8" --batch 256 --ctx-len 2048 || exit 1
             ANVIL_CUDA_ATTN_MMA=0 "$0" "$1" --bench "$2" --out "$3/fma" --batch 256 \
@@ -435,10 +432,8 @@ fi
     grep -E "^(kernel|step) " "$OUT/kernels.log" 2>/dev/null
     echo "== the A/B base: bf16 then fp8 KV, the defaults; batch 1 at 1 / 5 / 10 GEMV waves"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_kvs.log" 2>/dev/null
-    echo "== the fused decode combine (ANVIL_CUDA_ATTN_FUSE=1), bf16 KV"
-    grep -E "^(device|decode|decode_ctx)" "$OUT/bench_fuse.log" 2>/dev/null
-    echo "== the sampler without its candidate list (ANVIL_CUDA_SAMPLE_LIST=0), bf16 KV"
-    grep -E "^(device|decode|decode_ctx)" "$OUT/bench_list.log" 2>/dev/null
+    echo "== each product of a layer on its own, per GEMV variant and segments (linear)"
+    grep -E "^linear " "$OUT/linear.log" 2>/dev/null
     echo "== the tensor-core decode with V loaded with K (ANVIL_CUDA_ATTN_VLATE=0)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_vlate.log" 2>/dev/null
     echo "== the decode grid with a tile's KV heads next to each other (ANVIL_CUDA_ATTN_KV_INNER=1)"
@@ -446,8 +441,9 @@ fi
     echo "== every switch against the default (bench_ab; graphs tok/s, ratio to the group's default)"
     [ -f "$OUT/bench_ab.log" ] && "$PY" "$BENCHDIR/bench_ab_table.py" "$OUT/bench_ab.log" 2>&1
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ab.log" 2>/dev/null
-    echo "== the successor prefetch (ANVIL_CUDA_PREFETCH_MB), batch 1"
-    grep -E "^(==|device|decode)" "$OUT/bench_pf.log" 2>/dev/null
+    echo "== one batch-1 decode layer's kernels in detail (ncu sections)"
+    grep -E "^  [a-z_]|^    (Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Warp Cycles Per Issued|Block Limit|Waves Per SM|Grid Size)" \
+        "$OUT/kernels_gemv.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels_b256.log" 2>/dev/null
     echo "== the same step with fp8 KV: mma decode, then FMA decode (ncu)"
