@@ -512,11 +512,11 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_WAVES: resident waves the GEMV's column segments aim for (2.5) */
         const char *gw = getenv("ANVIL_CUDA_GEMV_WAVES");
         st->gemv_waves2 = gw && atof(gw) >= 0.5 && atof(gw) <= 64 ? (int)(atof(gw) * 2) : 5;
-        /* ANVIL_CUDA_GEMV_SEGS=1|2|4|8 fixes the GEMV's column segments a row (matmul.cu;
-           A/B, eng_cuda_gemv_segs) */
         /* ANVIL_CUDA_GEMV_ROPE=0: the QKV GEMV leaves rope + KV store to rope_kv_store (A/B) */
         const char *gr = getenv("ANVIL_CUDA_GEMV_ROPE");
         st->gemv_rope = !(gr && strcmp(gr, "0") == 0);
+        /* ANVIL_CUDA_GEMV_SEGS=1|2|4|8 fixes the GEMV's column segments a row (matmul.cu;
+           A/B, eng_cuda_gemv_segs) */
         const char *gs = getenv("ANVIL_CUDA_GEMV_SEGS");
         if (gs && s_gemv_segs_set(st, atoi(gs)))
             ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_SEGS=%s ignored (0, 1, 2, 4, 8)", gs);
@@ -585,14 +585,12 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->swiglu_fused = ecu_swiglu_fused;
     be->linear = ecu_linear;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s, decode "
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s%s, decode "
              "attention %s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
-             st->gemv_persist ? st->gemv_rope ? "persistent (staged norm)"
-                                              : "persistent (staged norm), rope apart"
-             : st->gemv_rope  ? "a block a group"
-                              : "a block a group, rope apart",
+             st->gemv_persist ? "persistent (staged norm)" : "a block a group",
+             st->gemv_rope ? "" : ", rope apart",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",

@@ -202,9 +202,6 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
             goto bad;
         }
     }
-    for (int i = 0; i < o->n_batches; i++)
-        if (o->batches[i] <= 0)
-            goto bad;
     if (strcmp(o->backend, "cuda") && strcmp(o->backend, "cpu"))
         goto bad;
     if (strcmp(o->shape, "8b") && strcmp(o->shape, "small") && strcmp(o->shape, "tiny"))
@@ -861,12 +858,8 @@ out:
     return rc;
 }
 
-static void s_print_decode(const s_opts_t *o,
-                           const char *dev,
-                           const char *kind,
-                           const s_result_t *r,
-                           const s_result_t *g,
-                           int n_new)
+static void s_print_decode(const s_opts_t *o, const char *dev, const char *kind,
+                           const s_result_t *r, const s_result_t *g, int n_new)
 {
     if (o->json) {
         printf("{\"bench\":\"%s\",\"device\":\"%s\",\"batch\":%d,\"%s\":%d,\"new\":%d,"

@@ -57,8 +57,8 @@
 #   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
 #   bench_kvi    bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_KV_INNER=1: the
 #                A/B against bench_kvs's
-#   bench_ab     every A/B switch (the GEMV's segments at batch 1, KV heads inner, V with K)
-#                against the default, in short runs: batch 1, batch 256, batch
+#   bench_ab     every A/B switch (the GEMV's rope apart and segments at batch 1, the sampler's
+#                whole-row passes, KV heads inner, V with K) against the default, in short runs: batch 1, batch 256, batch
 #                256 x 2k bf16 and fp8 (the default first and last in each group); ~4 minutes
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
@@ -290,15 +290,20 @@ b1 ANVIL_CUDA_GEMV_ROPE=0
 b1 ANVIL_CUDA_GEMV_SEGS=1
 b1 ANVIL_CUDA_GEMV_SEGS=2
 b1 ANVIL_CUDA_ATTN_KV_INNER=1
+b1 ANVIL_CUDA_ATTN_VLATE=0
 b1 -
 b256 -
+b256 ANVIL_CUDA_SAMPLE_LIST=0
 b256 ANVIL_CUDA_ATTN_KV_INNER=1
+b256 ANVIL_CUDA_ATTN_VLATE=0
 b256 -
 ctx16 -
 ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
+ctx16 ANVIL_CUDA_ATTN_VLATE=0
 ctx16 -
 ctx8 -
 ctx8 ANVIL_CUDA_ATTN_KV_INNER=1
+ctx8 ANVIL_CUDA_ATTN_VLATE=0
 ctx8 -"
 step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B256="$AB_B256" AB_CTX="$AB_CTX" \
     AB_KVS="$AB_KVS" bash -c 'b=$0; read -r kv16 kv8 <<< "$AB_KVS"; fails=0
@@ -432,7 +437,7 @@ fi
     grep -E "^(kernel|step) " "$OUT/kernels.log" 2>/dev/null
     echo "== the A/B base: bf16 then fp8 KV, the defaults; batch 1 at 1 / 5 / 10 GEMV waves"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_kvs.log" 2>/dev/null
-    echo "== each product of a layer on its own, per GEMV variant and segments (linear)"
+    echo "== each product of a layer on its own, by the default rule and per segment count (linear)"
     grep -E "^linear " "$OUT/linear.log" 2>/dev/null
     echo "== the tensor-core decode with V loaded with K (ANVIL_CUDA_ATTN_VLATE=0)"
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_vlate.log" 2>/dev/null
@@ -442,8 +447,9 @@ fi
     [ -f "$OUT/bench_ab.log" ] && "$PY" "$BENCHDIR/bench_ab_table.py" "$OUT/bench_ab.log" 2>&1
     grep -E "^(==|device|decode|decode_ctx)" "$OUT/bench_ab.log" 2>/dev/null
     echo "== one batch-1 decode layer's kernels in detail (ncu sections)"
-    grep -E "^  [a-z_]|^    (Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Warp Cycles Per Issued|Block Limit|Waves Per SM|Grid Size)" \
-        "$OUT/kernels_gemv.log" 2>/dev/null
+    metrics="Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per"
+    metrics="$metrics|Theoretical Occupancy|Warp Cycles Per Issued|Block Limit|Waves Per SM"
+    grep -E "^  [a-z_]|^    ($metrics|Grid Size)" "$OUT/kernels_gemv.log" 2>/dev/null
     echo "== one batch-256 decode step at 2k context, kernel by kernel (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels_b256.log" 2>/dev/null
     echo "== the same step with fp8 KV: mma decode, then FMA decode (ncu)"
