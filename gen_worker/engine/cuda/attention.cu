@@ -28,7 +28,8 @@
     A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
     default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
     256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a
-    token merging its partials instead of the combine kernel (x0.91 to x0.97).
+    token merging its partials instead of the combine kernel (x0.91 to x0.97); each lane asking
+    L2 for its K and V rows before the PDL wait (x1.000 at batch 1 on the H100).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -502,10 +503,8 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
                          const int *block_tables /* (n_seq, mb) */, int max_blocks,
                          int block_size, int n_head, int n_kv_head, float scale,
                          float *part_o /* (n_parts, n_head, HD) f32 */,
-                         float2 *part_ml /* (n_parts, n_head) {max, sum} */,
-                         int l2pf /* the mma kernel's (st->attn_l2pf); unused here */)
+                         float2 *part_ml /* (n_parts, n_head) {max, sum} */)
 {
-    (void)l2pf;
     constexpr int PER = HD / 32;
     __shared__ float qs[G][HD];
     __shared__ float wm[ECU_ATTN_WARPS][G], wl[ECU_ATTN_WARPS][G];
@@ -752,8 +751,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
                              const int *block_tables /* (n_seq, mb) */, int max_blocks,
                              int block_size, int n_head, int n_kv_head, float scale,
                              float *part_o /* (n_parts, n_head, HD) f32 */,
-                             float2 *part_ml /* (n_parts, n_head) {max, sum} */,
-                             int l2pf /* ask L2 for the K/V rows before the wait */)
+                             float2 *part_ml /* (n_parts, n_head) {max, sum} */)
 {
     static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
     static_assert(sizeof(T) <= 2, "the mma decode takes bf16 or fp8 KV");
@@ -819,17 +817,6 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     s_dec_block(n_kv_head, &ti, &h);
     if (!resolve(ti, h, cur))
         return;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (l2pf && lane < cur.nvalid) {
-        /* the lane's key's K and V rows, from L2 after the wait: L2 is where the QKV
-           kernel's store of this step's key lands, so no prefetch returns a stale row */
-        const size_t at = (size_t)cur.pos * kv_row + (size_t)cur.kvh * HD;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_cache + at),
-                     "r"((unsigned)(HD * sizeof(T))) : "memory");
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_cache + at),
-                     "r"((unsigned)(HD * sizeof(T))) : "memory");
-    }
-#endif
     ecu_pdl_wait();
     load_k(cur);
     if constexpr (!VL)
@@ -1022,7 +1009,7 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
                          (const T *)vc, (const int4 *)p->tiles, p->tok_part,
                          p->seq_ctx, p->block_tables, p->max_blocks, block_size, n_head,
                          n_kv_head, 1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
-                         (float2 *)st->part_ml.ptr, st->attn_l2pf));
+                         (float2 *)st->part_ml.ptr));
     return 0;
 }
 

@@ -515,18 +515,6 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_ROPE=0: the QKV GEMV leaves rope + KV store to rope_kv_store (A/B) */
         const char *gr = getenv("ANVIL_CUDA_GEMV_ROPE");
         st->gemv_rope = !(gr && strcmp(gr, "0") == 0);
-        /* ANVIL_CUDA_GEMV_ROPE3=1: the batch-1 QKV GEMV (rope epilogue) at 3 blocks an SM
-           (launch bounds: 80 registers, the epilogue's state spilled) instead of 2 (A/B) */
-        const char *g3 = getenv("ANVIL_CUDA_GEMV_ROPE3");
-        st->gemv_rope3 = g3 && strcmp(g3, "1") == 0;
-        /* ANVIL_CUDA_GEMV_L2PF=1: each GEMV warp asks L2 for its next group's row segment
-           (bulk prefetch, no registers) a group ahead, its first before the PDL wait (A/B) */
-        const char *gl = getenv("ANVIL_CUDA_GEMV_L2PF");
-        st->gemv_l2pf = prop.major >= 9 && gl && strcmp(gl, "1") == 0;
-        /* ANVIL_CUDA_ATTN_L2PF=1: the decode attention asks L2 for its K/V rows before its PDL
-           wait, while the QKV GEMV drains (attention.cu; A/B) */
-        const char *al = getenv("ANVIL_CUDA_ATTN_L2PF");
-        st->attn_l2pf = prop.major >= 9 && al && strcmp(al, "1") == 0;
         /* ANVIL_CUDA_GEMV_SEGS=1|2|4|8 fixes the GEMV's column segments a row (matmul.cu;
            A/B, eng_cuda_gemv_segs) */
         const char *gs = getenv("ANVIL_CUDA_GEMV_SEGS");
@@ -597,17 +585,15 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->swiglu_fused = ecu_swiglu_fused;
     be->linear = ecu_linear;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s%s%s, decode "
-             "attention %s%s%s%s, sampler %s%s",
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s%s, decode "
+             "attention %s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off",
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
-             st->gemv_rope ? (st->gemv_rope3 ? ", rope at 3 blocks an SM" : "") : ", rope apart",
-             st->gemv_l2pf ? ", L2 prefetch" : "",
+             st->gemv_rope ? "" : ", rope apart",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",
-             st->attn_l2pf ? ", L2 prefetch" : "",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
                                       : "8 blocks a row",

@@ -125,9 +125,6 @@ typedef struct {
     int gemv_waves2;            /* resident waves x 2 the GEMV's segments aim for (matmul.cu) */
     int gemv_segs;              /* column segments a row, fixed (0: by gemv_waves2; A/B) */
     int gemv_rope;              /* rope + KV store in the QKV GEMV's epilogue (default; A/B) */
-    int gemv_rope3;             /* batch-1 rope GEMV held to 3 blocks an SM (matmul.cu; A/B) */
-    int gemv_l2pf;              /* GEMV rows asked of L2 a group ahead (matmul.cu; A/B) */
-    int attn_l2pf;              /* decode attention's K/V rows asked of L2 before its PDL wait */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */

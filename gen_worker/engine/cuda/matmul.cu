@@ -29,7 +29,11 @@
     `anvil-bench-engine --linear 1 --linear-sweep` for each product on its own, then whole
     steps) stream variants that issue 4, 8 or 16 predicated loads a chunk (x0.947, x0.863,
     x0.804) and a bulk-copy GEMV (a block an SM streaming its rows through 32 shared-memory
-    stages of 4 KB filled by cp.async.bulk on mbarriers: 1.8 to 2.0 TB/s a product, x0.519).
+    stages of 4 KB filled by cp.async.bulk on mbarriers: 1.8 to 2.0 TB/s a product, x0.519);
+    and on the H100 (later that day, the same tools): each warp of a persistent grid asking L2
+    for its row segment a group ahead (cp.async.bulk.prefetch.L2; x0.870, gate|up 0.96 -> 0.80
+    of copy) and the batch-1 rope GEMV held to 3 blocks an SM by its launch bounds (28 bytes
+    spilled; x0.981).
 */
 #include "eng_cuda_internal.h"
 
@@ -91,17 +95,7 @@ typedef struct {
     const int32_t *slots;    /* ROPE_KV: (n) device */
     const float2 *angles;    /* ROPE_KV: (n, head_dim / 2) {cos, sin} (ecu_rope_table) */
     int n_head, n_kv_head, head_dim, kv_dtype;
-    int l2pf; /* L2 prefetch of row segments a group ahead (st->gemv_l2pf) */
 } s_gemv_args_t;
-
-/* Asks L2 for bytes (a multiple of 16) at p (16-byte aligned) without waiting: one
-   instruction, no registers, no effect on what later loads read (a hint). */
-static __device__ __forceinline__ void s_l2_prefetch(const void *p, unsigned bytes)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
 
 /* acc[r] += the 8 weights at column k times row r of x, for the n <= N live rows. FOLD (the
    norm folded into W): the weights are first scaled by the norm's weights g (once for all
@@ -337,8 +331,8 @@ s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *ac
    paged caches (the fused rope_kv_store; its angles and cache rows are computed as the
    group's weights start to arrive, the first group's before the wait, from the step's
    prepared positions and slots, uploaded before its first kernel). */
-template <int N, typename T, int NORM, bool ROPE, int MINB = 1>
-static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32, MINB)
+template <int N, typename T, int NORM, bool ROPE>
+static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     s_gemv_kernel(const T *w /* (out_dim, in_dim) T */, const s_gemv_args_t a)
 {
     /* loads per chunk per lane (a chunk spans U * 256 columns); from 4 rows, 2 keep the
@@ -365,11 +359,6 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32, MINB)
         for (int u = 0; u < U; u++)
             s_load8(cur[u], w + (size_t)o * in_dim + k + u * 256);
     }
-    /* L2PF (persistent grids only; in the others its registers cost a block an SM): this
-       warp's whole segment of its first group is asked of L2 before the wait (the first
-       chunk's registers hold a few KB of it), while the kernel before drains */
-    if (LOOP && a.l2pf && lane == 0 && o >= 0)
-        s_l2_prefetch(w + (size_t)o * in_dim + seg * seg_len, seg_len * (unsigned)sizeof(T));
     float rc = 0.0f, rs = 0.0f;
     size_t kvo = 0;
     ecu_pdl_wait();
@@ -381,13 +370,6 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32, MINB)
     for (;;) {
         const bool live = o >= 0, owner = seg == 0 && live && lane < n;
         const T *wr = w + (size_t)(live ? o : 0) * in_dim;
-        if (LOOP && a.l2pf && lane == 0 && b + (int)gridDim.x < a.n_blocks) {
-            /* L2PF: the segment this warp streams a group from now */
-            const int op = s_gemv_row(a.epi, a.out_dim, hd, b + (int)gridDim.x, lr, R);
-            if (op >= 0)
-                s_l2_prefetch(w + (size_t)op * in_dim + seg * seg_len,
-                              seg_len * (unsigned)sizeof(T));
-        }
         float resid = 0.0f;
         if (a.epi == ENG_LIN_ADD && owner)
             resid = a.out[(size_t)lane * a.out_dim + o];
@@ -473,7 +455,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32, MINB)
    and, for RoPE, head_dim / 2 a multiple of the pairs a block holds; 0 when no segment count
    fits (the caller composes the ops). ANVIL_CUDA_GEMV_SEGS (st->gemv_segs, the A/B) fixes
    the count where it fits. */
-template <int N, typename T, int NORM, bool ROPE, int MINB = 1>
+template <int N, typename T, int NORM, bool ROPE>
 static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, int head_dim,
                        long *slots_out)
 {
@@ -481,7 +463,7 @@ static int s_gemv_segs(const ecu_state_t *st, int in_dim, int out_dim, int epi, 
     if (per_sm == 0) {
         const size_t msmem = NORM == S_NORM_STAGE ? ECU_GEMV_STAGE * sizeof(float) : 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm,
-                                                          s_gemv_kernel<N, T, NORM, ROPE, MINB>,
+                                                          s_gemv_kernel<N, T, NORM, ROPE>,
                                                           ECU_GEMV_WARPS * 32,
                                                           msmem) != cudaSuccess ||
             per_sm <= 0)
@@ -531,22 +513,13 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
     const bool rope = a.epi == ENG_LIN_ROPE_KV;
     const size_t smem = NORM == S_NORM_STAGE ? (size_t)a.n * a.in_dim * sizeof(float) : 0;
     long slots = 0;
-    /* ANVIL_CUDA_GEMV_ROPE3=1 (st->gemv_rope3, A/B): the batch-1 rope GEMV held to 3 blocks
-       an SM (80 registers, 28 bytes spilled: the epilogue's) instead of 2 (99) */
-    const bool rope3 = rope && N == 1 && NORM == S_NORM_STAGE && st->gemv_rope3;
-    if constexpr (N == 1 && NORM == S_NORM_STAGE)
-        if (rope3)
-            a.segs = s_gemv_segs<N, T, NORM, true, 3>(st, a.in_dim, a.out_dim, a.epi,
-                                                      a.head_dim, &slots);
-    if (!rope3)
-        a.segs = rope ? s_gemv_segs<N, T, NORM, true>(st, a.in_dim, a.out_dim, a.epi,
-                                                      a.head_dim, &slots)
-                      : s_gemv_segs<N, T, NORM, false>(st, a.in_dim, a.out_dim, a.epi,
-                                                       a.head_dim, &slots);
+    a.segs = rope ? s_gemv_segs<N, T, NORM, true>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
+                                                  &slots)
+                  : s_gemv_segs<N, T, NORM, false>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
+                                                   &slots);
     if (a.segs == 0)
         return 0;
     a.n_blocks = (int)s_gemv_blocks(&a);
-    a.l2pf = st->gemv_l2pf;
     /* A persistent grid for the staged-norm GEMVs, whose blocks start by staging the input
        (on the H200 at batch 1, with the next group's prefetch: gate|up 2198 -> ~1930 us a
        step, QKV + rope 900 -> 696 us); the others keep a block per row group (O and down:
@@ -556,12 +529,6 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
        all (the A/B). */
     const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
     const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
-    if constexpr (N == 1 && NORM == S_NORM_STAGE)
-        if (rope3) {
-            ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true, 3>, grid,
-                                 dim3(ECU_GEMV_WARPS * 32), smem, w, a));
-            return 1;
-        }
     if (rope)
         ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, grid, dim3(ECU_GEMV_WARPS * 32),
                              smem, w, a));

@@ -52,20 +52,15 @@
 #   ops_rope0    test_cuda_ops with ANVIL_CUDA_GEMV_ROPE=0 (the small-batch QKV GEMV writes q|k|v
 #                and rope_kv_store rotates and stores them, instead of its rope epilogue)
 #   model_rope0  test_cuda_model with ANVIL_CUDA_GEMV_ROPE=0
-#   ops_l2pf     test_cuda_ops with the GEMV's and the attention's L2 prefetch and the rope GEMV
-#                at 3 blocks an SM (ANVIL_CUDA_GEMV_L2PF=1 ANVIL_CUDA_ATTN_L2PF=1
-#                ANVIL_CUDA_GEMV_ROPE3=1)
-#   model_l2pf   test_cuda_model with the same switches
 #   ops_kvi      test_cuda_ops with ANVIL_CUDA_ATTN_KV_INNER=1 (the decode grid runs a tile's
 #                KV heads next to each other)
 #   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
 #   bench_kvi    bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_KV_INNER=1: the
 #                A/B against bench_kvs's
-#   bench_ab     every A/B switch (the GEMV's rope apart, rope at 3 blocks an SM, L2 prefetch
-#                and segments at batch 1, the attention's L2 prefetch, the sampler's whole-row
-#                passes, KV heads inner, V with K) against the default, in short runs: batch 1,
-#                batch 256, batch 256 x 2k bf16 and fp8 (the default first and last in each
-#                group); ~5 minutes; ANVIL_AB_RUNS replaces the list
+#   bench_ab     every A/B switch (the GEMV's rope apart and segments at batch 1, the sampler's
+#                whole-row passes, KV heads inner, V with K) against the default, in short runs:
+#                batch 1, batch 256, batch 256 x 2k bf16 and fp8 (the default first and last in
+#                each group); ~4 minutes; ANVIL_AB_RUNS replaces the list
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -264,9 +259,6 @@ step linear 120 "$BENCH" --batches none --ctx-batch 0 --grpo-prompts 0 --linear-
 step ops_vlate 90 env ANVIL_CUDA_ATTN_VLATE=0 "$T_OPS"
 step ops_rope0 90 env ANVIL_CUDA_GEMV_ROPE=0 "$T_OPS"
 step model_rope0 90 env ANVIL_CUDA_GEMV_ROPE=0 "$T_MODEL"
-L2PF_ENV=(ANVIL_CUDA_GEMV_L2PF=1 ANVIL_CUDA_ATTN_L2PF=1 ANVIL_CUDA_GEMV_ROPE3=1)
-step ops_l2pf 90 env "${L2PF_ENV[@]}" "$T_OPS"
-step model_l2pf 90 env "${L2PF_ENV[@]}" "$T_MODEL"
 # bench_kvs's first runs for each KV dtype with one switch set ($1, NAME=VALUE)
 KV_AB='b=$0; sw=$1; shift
         for kv in $KV_LIST; do
@@ -297,9 +289,6 @@ fi
 # ANVIL_AB_RUNS (lines "SET SWITCH|-") replaces the list for a session that needs a few rows
 AB_RUNS="b1 -
 b1 ANVIL_CUDA_GEMV_ROPE=0
-b1 ANVIL_CUDA_GEMV_ROPE3=1
-b1 ANVIL_CUDA_GEMV_L2PF=1
-b1 ANVIL_CUDA_ATTN_L2PF=1
 b1 ANVIL_CUDA_GEMV_SEGS=1
 b1 ANVIL_CUDA_GEMV_SEGS=2
 b1 ANVIL_CUDA_ATTN_KV_INNER=1
