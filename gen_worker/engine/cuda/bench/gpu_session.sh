@@ -57,7 +57,7 @@
 #   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
 #   bench_kvi    bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_KV_INNER=1: the
 #                A/B against bench_kvs's
-#   bench_ab     every A/B switch (the GEMV's rope apart, segments, whole rounds and cuBLASLt
+#   bench_ab     every A/B switch (the GEMV's rope apart, segments, every slot and cuBLASLt
 #                at batch 1, the GEMV up to 8 rows at batch 4, the sampler's whole-row passes,
 #                KV heads inner, V with K) against the default, in short runs: batch 1, 4, 256,
 #                batch 256 x 2k bf16 and fp8 (the default first and last in each group); ~5
@@ -294,7 +294,7 @@ AB_RUNS="b1 -
 b1 ANVIL_CUDA_GEMV_ROPE=0
 b1 ANVIL_CUDA_GEMV_SEGS=1
 b1 ANVIL_CUDA_GEMV_SEGS=2
-b1 ANVIL_CUDA_GEMV_BALANCE=1
+b1 ANVIL_CUDA_GEMV_BALANCE=0
 b1 ANVIL_CUDA_GEMV_MAX=0
 b1 ANVIL_CUDA_ATTN_KV_INNER=1
 b1 ANVIL_CUDA_ATTN_VLATE=0
