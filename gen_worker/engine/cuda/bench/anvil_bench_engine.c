@@ -36,10 +36,11 @@
 
     Achieved bandwidth counts the bytes a decode step must read at least: all weights but the
     embedding table (of which a step gathers one row a token), plus the K/V of every cached
-    position; it is reported as a fraction of a device-to-device copy
-    measured at start (a host memcpy on the CPU backend). With --cuda-graphs every decode
-    line is measured with graphs off and on (side by side in one line) and the grpo run uses
-    graphs for its decode-only steps. --backend cpu with --shape tiny runs the same logic on
+    position (until 2026-12-05 the whole table was counted, 8 % of the bytes of a batch-1
+    step); it is reported as a fraction of a device-to-device copy measured at start (a host
+    memcpy on the CPU backend). With --cuda-graphs every decode line is measured with graphs
+    off and on (side by side in one line) and the grpo run uses graphs for its decode-only
+    steps. --backend cpu with --shape tiny runs the same logic on
     the CPU reference (whose `sample` is eng_sampler, the definition the CUDA kernel follows),
     which is how the workload logic is tested without a GPU.
 */
