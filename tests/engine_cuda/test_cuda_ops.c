@@ -8,14 +8,15 @@
     attention tests put identical (bf16-representable) values in both. The fused linear op (norm
     folded in; plain, residual-add, SwiGLU and rope + KV store epilogues) is held to the CPU's
     composition of the separate ops, also with the GEMV taking up to 8 rows (1 by default) and
-    its column segments fixed at 1, 2, 4 and 8. 64 decodes at once (more decode items than the GPU holds blocks) run on the default
-    decode grid, with the KV heads inner and with V loaded with K, each against the CPU and the
-    last two bit for bit against the first. Sampling is checked for greedy exactness, logprobs,
-    truncation sets, seed determinism, batch invariance and the empirical distribution over many
-    seeds, for the default sampler (blocks a row by batch), each fixed one (one block a row, a
-    cluster of 8 blocks a row: ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) and the default without its
-    candidate list (ANVIL_CUDA_SAMPLE_LIST=0), with the time of a sample call printed for each;
-    rows that overflow the candidate list are drawn against the host too. Exit 77 without a GPU.
+    its column segments fixed at 1, 2, 4 and 8. 64 decodes at once (more decode items than the
+    GPU holds blocks) run on the default decode grid, with the KV heads inner and with V loaded
+    with K, each against the CPU and the last two bit for bit against the first. Sampling is
+    checked for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance
+    and the empirical distribution over many seeds, for the default sampler (blocks a row by
+    batch), each fixed one (one block a row, a cluster of 8 blocks a row:
+    ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) and the default without its candidate list
+    (ANVIL_CUDA_SAMPLE_LIST=0), with the time of a sample call printed for each; rows that
+    overflow the candidate list are drawn against the host too. Exit 77 without a GPU.
 */
 #include "ecu_test.h"
 

@@ -533,7 +533,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         else if (gm)
             ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_MAX=%s ignored (0 to 8)", gm);
         /* a persistent GEMV grid of as many blocks as make its rounds of row groups whole
-           (matmul.cu; on the H100 +1.0 to +1.3 % at batch 1); ANVIL_CUDA_GEMV_BALANCE=0 fills
+           (matmul.cu; on the H100 +0.9 to +1.3 % at batch 1); ANVIL_CUDA_GEMV_BALANCE=0 fills
            every resident slot instead (A/B) */
         const char *gb = getenv("ANVIL_CUDA_GEMV_BALANCE");
         st->gemv_balance = !(gb && strcmp(gb, "0") == 0);
@@ -612,7 +612,8 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off", st->gemv_max,
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
-             st->gemv_rope ? "" : ", rope apart", st->gemv_balance ? ", whole rounds" : ", every slot",
+             st->gemv_rope ? "" : ", rope apart",
+             st->gemv_balance ? ", whole rounds" : ", every slot",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",

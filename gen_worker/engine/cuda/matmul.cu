@@ -535,7 +535,7 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
         /* as many rounds of groups on fewer blocks, so that no round is a partial one
            (gate|up at batch 1: 3584 groups on 396 slots are 9 rounds and 20 blocks' tenth;
            balanced, 359 blocks of 10 or 9). On the H100 each product on its own is level
-           (--linear 1) but whole batch-1 steps gain 1.0 to 1.3 % (3 pairs of runs, graphs),
+           (--linear 1) but whole batch-1 steps gain 0.9 to 1.3 % (4 pairs of runs, graphs),
            presumably as the slots left free let the next kernel's blocks start sooner.
            ANVIL_CUDA_GEMV_BALANCE=0 (st->gemv_balance): every slot (the A/B) */
         const long rounds = (a.n_blocks + slots - 1) / slots;
