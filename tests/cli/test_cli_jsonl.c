@@ -3,11 +3,13 @@
     Each test writes a small file into a private temp dir and reads it back through the real
     reader: valid Anvil and OpenAI Batch lines, every class of malformed line (the error must
     name the line and the reason), duplicate ids, mixed formats, oversize lines, a rewind for
-    the second pass and a file that changes between the passes.
+    the second pass and a file that changes between the passes. The JSONL writer
+    (cli_json_write_line) escapes the Unicode line separators, and its lines read back the same.
 */
 #include "cli_jsonl.h"
 
 #include "anv_error.h"
+#include "cli_util.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -378,6 +380,59 @@ static void test_open_errors_and_stdin(void **state)
     cli_jsonl_destroy(&r); /* idempotent */
 }
 
+/* Generated text may hold U+2028, U+2029 and U+0085: the writer escapes them, so the line has
+   no byte a Unicode line splitter ends a line at, and it reads back to the same string (other
+   non-ASCII text untouched). */
+static void test_writer_escapes_line_separators(void **state)
+{
+    const char *text = "a\xe2\x80\xa8"
+                       "b\xe2\x80\xa9"
+                       "c\xc2\x85"
+                       "d \xc3\xa9\xe2\x80\xa6 \"q\"\n";
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "custom_id", "sep");
+    cJSON_AddStringToObject(o, "prompt", text);
+    char *json = cJSON_PrintUnformatted(o);
+    assert_non_null(json);
+    char path[512];
+    snprintf(path, sizeof path, "%s/w.jsonl", s_dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(cli_json_write_line(json, f), 0);
+    assert_int_equal(cli_json_write_line("{\"prompt\": \"\xe2\x80\xa8\"}", f), 0);
+    fclose(f);
+    free(json);
+    cJSON_Delete(o);
+
+    char buf[512];
+    f = fopen(path, "rb");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    assert_null(strstr(buf, "\xe2\x80\xa8"));
+    assert_null(strstr(buf, "\xe2\x80\xa9"));
+    assert_null(strstr(buf, "\xc2\x85"));
+    assert_contains(buf, "a\\u2028b\\u2029c\\u0085d \xc3\xa9\xe2\x80\xa6 ");
+    const char *last = "{\"prompt\": \"\\u2028\"}\n";
+    assert_true(n > strlen(last));
+    assert_string_equal(buf + n - strlen(last), last);
+
+    char err[256];
+    cli_jsonl_t *r = cli_jsonl_open(path, err, sizeof err);
+    assert_non_null(r);
+    Anvil__Task *t = NULL;
+    assert_int_equal(cli_jsonl_next(r, &t), 1);
+    assert_string_equal(t->custom_id, "sep");
+    assert_string_equal(t->prompt, text);
+    cli_task_free(&t);
+    assert_int_equal(cli_jsonl_next(r, &t), 1);
+    assert_string_equal(t->prompt, "\xe2\x80\xa8");
+    cli_task_free(&t);
+    assert_int_equal(cli_jsonl_next(r, &t), 0);
+    cli_jsonl_destroy(&r);
+}
+
 static int s_setup(void **state)
 {
     const char *tmp = getenv("TMPDIR");
@@ -406,6 +461,7 @@ int main(void)
         cmocka_unit_test(test_blank_first_line),
         cmocka_unit_test(test_oversize_line_skipped),
         cmocka_unit_test(test_open_errors_and_stdin),
+        cmocka_unit_test(test_writer_escapes_line_separators),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }

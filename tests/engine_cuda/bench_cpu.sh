@@ -32,6 +32,11 @@ check "bench exits 0" $rc
 d=$(echo "$out" | grep '^device=')
 [ "$(field "$d" linear)" = fused ] && [ "$(field "$d" attention)" = cpu ]
 check "device line names the linear path and the attention kernel" $?
+# a step reads every weight but the embedding table, of which it gathers one row a token:
+# the tiny shape's table is 512 x 256 bf16
+awk -v w="$(field "$d" weights_gb)" -v s="$(field "$d" step_weights_gb)" \
+    'BEGIN { d = w - s - 511 * 256 * 2 / 1e9; exit !(s > 0 && d < 1e-7 && d > -1e-7) }'
+check "step weights = weights - the embedding table + one row" $?
 g=$(echo "$out" | grep '^grpo ')
 [ -n "$g" ]; check "grpo line" $?
 [ "$(field "$g" prefills)" = 6 ]; check "prefills = prompts (prefix sharing)" $?

@@ -4,7 +4,9 @@
     CUDA backend its fused path (prepare, rope_kv_store, swiglu_fused, on-GPU sampling).
     A: one sequence, fp32 KV: prompt of 7 tokens, then 64 greedy tokens on each backend
        independently; the tokens must be identical and the log-softmax of every step within
-       tolerance.
+       tolerance. The GPU runs its fp32 paths: the GEMV takes the 7-token prompt too
+       (eng_cuda_gemv_rows 8; by default it takes one row and the prompt goes through
+       cuBLASLt on bf16 activations, which B holds to a bf16 tolerance).
     B: four sequences of different prompt lengths prefilled in one step (the cuBLASLt path,
        bf16 activations into the tensor cores) and bf16 KV, then 64 decode steps
        teacher-forced with the CPU's greedy tokens; log-softmax within a bf16 tolerance and
@@ -67,11 +69,15 @@ static int s_argmax(const float *x, int n)
 static void test_greedy(eng_backend_t *cpu, eng_backend_t *gpu, int steps)
 {
     int V = s_cfg.vocab, bs = s_cfg.block_size, mb = 8, P = 7;
+    const int rows0 = eng_cuda_gemv_rows(gpu, -1);
+    ecu_t_check(eng_cuda_gemv_rows(gpu, 8) == 8, "the GEMV takes the prompt's 7 rows");
     s_side_t c = {cpu, eng_bm_new(cpu, &s_cfg, mb, 64, 4, eng_bm_fill_host, 7, 0)};
     s_side_t g = {gpu, eng_bm_new(gpu, &s_cfg, mb, 64, 4, eng_bm_fill_host, 7, 1)};
     ecu_t_check(c.m && g.m, "models built");
-    if (!c.m || !g.m)
+    if (!c.m || !g.m) {
+        eng_cuda_gemv_rows(gpu, rows0);
         return;
+    }
     int32_t table[8] = {3, 0, 7, 1, 6, 2, 5, 4};
     int32_t ids[8] = {1, 77, 300, 4, 4, 511, 12}, pos[8], slots[8], row;
     int32_t q_start[2] = {0, P}, ctx[1] = {P};
@@ -122,6 +128,7 @@ static void test_greedy(eng_backend_t *cpu, eng_backend_t *gpu, int steps)
     eng_bm_destroy(&c.m);
     eng_bm_destroy(&g.m);
     free(lc), free(lg);
+    eng_cuda_gemv_rows(gpu, rows0);
 }
 
 /* max_d: bound on |dlogprob| against the CPU (fp32 KV); min_agree: % of greedy choices that

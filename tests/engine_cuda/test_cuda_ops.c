@@ -7,18 +7,20 @@
     keeps fp32, the CUDA default bf16, so cache contents are compared after rounding and the
     attention tests put identical (bf16-representable) values in both. The fused linear op (norm
     folded in; plain, residual-add, SwiGLU and rope + KV store epilogues) is held to the CPU's
-    composition of the separate ops, also with the GEMV's column segments fixed at 1, 2, 4 and
-    8. 64 decodes at once (more decode items than the GPU holds blocks) run on the default
-    decode grid, with the KV heads inner and with V loaded with K, each against the CPU and the
-    last two bit for bit against the first. Sampling is checked for greedy exactness, logprobs,
-    truncation sets, seed determinism, batch invariance and the empirical distribution over many
-    seeds, for the default sampler (blocks a row by batch), each fixed one (one block a row, a
-    cluster of 8 blocks a row: ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) and the default without its
-    candidate list (ANVIL_CUDA_SAMPLE_LIST=0), with the time of a sample call printed for each;
-    rows that overflow the candidate list are drawn against the host too. Exit 77 without a GPU.
+    composition of the separate ops, also with the GEMV taking up to 8 rows (1 by default) and
+    its column segments fixed at 1, 2, 4 and 8. 64 decodes at once (more decode items than the
+    GPU holds blocks) run on the default decode grid, with the KV heads inner and with V loaded
+    with K, each against the CPU and the last two bit for bit against the first. Sampling is
+    checked for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance
+    and the empirical distribution over many seeds, for the default sampler (blocks a row by
+    batch), each fixed one (one block a row, a cluster of 8 blocks a row:
+    ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8) and the default without its candidate list
+    (ANVIL_CUDA_SAMPLE_LIST=0), with the time of a sample call printed for each; rows that
+    overflow the candidate list are drawn against the host too. Exit 77 without a GPU.
 */
 #include "ecu_test.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <time.h>
 
@@ -115,10 +117,12 @@ static void test_matmul(eng_dtype_t dt, int n, int in, int outd, int bias)
     int rc = gpu->matmul(gpu, go, gx, gw, bias ? gb : NULL, dt, n, in, outd);
     ecu_t_check(rc == 0, "matmul returns 0");
     ecu_t_get(gpu, got, go, (size_t)n * outd * 4);
-    /* n <= 8: fp32 GEMV; above: activations rounded to the weight dtype for the tensor cores */
-    double tol = n <= 8 || dt == ENG_DTYPE_F32 ? 2e-5 : dt == ENG_DTYPE_BF16 ? 1e-2 : 2e-3;
-    snprintf(name, sizeof(name), "matmul %s n=%d %dx%d%s", eng_dtype_name(dt), n, in, outd,
-             bias ? " +bias" : "");
+    /* up to the backend's GEMV rows (eng_cuda_gemv_rows): fp32 GEMV; above: activations
+       rounded to the weight dtype for the tensor cores */
+    const int gemv = n <= eng_cuda_gemv_rows(gpu, -1);
+    double tol = gemv || dt == ENG_DTYPE_F32 ? 2e-5 : dt == ENG_DTYPE_BF16 ? 1e-2 : 2e-3;
+    snprintf(name, sizeof(name), "matmul %s n=%d %dx%d%s%s", eng_dtype_name(dt), n, in, outd,
+             bias ? " +bias" : "", gemv ? " (gemv)" : "");
     ecu_t_close(name, got, ref, (size_t)n * outd, tol);
     gpu->free(gpu, gw), gpu->free(gpu, gb), gpu->free(gpu, gx), gpu->free(gpu, go);
     free(w), free(wr), free(wh), free(b), free(br), free(bh), free(x), free(ref), free(got);
@@ -397,7 +401,8 @@ static void test_attention_decodes(eng_dtype_t kv)
 static const char *s_lin_tag = "";
 
 /* linear (the fused matmul) on backend be against the CPU's composition: epilogue epi, the
-   norm folded in or not, a bias or not. n <= 8 runs the fused GEMV (fp32 math: tolerance
+   norm folded in or not, a bias or not. n up to the backend's GEMV rows (eng_cuda_gemv_rows:
+   1 by default, 8 in test_linears' second pass) runs the fused GEMV (fp32 math: tolerance
    2e-5), above it the composed path (cuBLASLt on rounded activations). For ROPE_KV the rotated
    q and both caches (in be's KV dtype, the CPU's fp32 pool rounded the same way) are compared;
    in_dim 2048 / 4096 / 8192 make the GEMV split rows into 1 / 2 / 4 column segments, so the
@@ -444,7 +449,9 @@ static void test_linear(eng_backend_t *be, eng_dtype_t dt, eng_lin_epi_t epi, in
              eng_dtype_name(be->kv_dtype), s_lin_tag);
     ecu_t_check(rc_c == 0 && rc_g == 0, name);
     ecu_t_get(be, got, go, (size_t)n * yd * 4);
-    double tol = n <= 8 || dt == ENG_DTYPE_F32 ? 2e-5 : dt == ENG_DTYPE_BF16 ? 1e-2 : 2e-3;
+    double tol = n <= eng_cuda_gemv_rows(be, -1) || dt == ENG_DTYPE_F32 ? 2e-5
+                 : dt == ENG_DTYPE_BF16                                 ? 1e-2
+                                                                        : 2e-3;
     ecu_t_close(name, got, ref, (size_t)n * yd, tol);
     if (epi == ENG_LIN_ROPE_KV) {
         const int f8 = be->kv_dtype == ENG_DTYPE_F8E4M3, b16 = be->kv_dtype == ENG_DTYPE_BF16;
@@ -513,6 +520,7 @@ static void test_linear_segs(void)
               {ENG_LIN_SWIGLU, 4096, 1400, 1},
               {ENG_LIN_ROPE_KV, 4096, 1536, 1}};
     char tag[32];
+    eng_cuda_gemv_rows(gpu, 8); /* batch 4 on the GEMV too */
     for (size_t si = 0; si < sizeof(segss) / sizeof(segss[0]); si++) {
         snprintf(tag, sizeof(tag), " segs=%d", segss[si]);
         s_lin_tag = tag;
@@ -525,7 +533,32 @@ static void test_linear_segs(void)
                     eng_cuda_gemv_segs(cpu, 0) != 0,
                 "eng_cuda_gemv_segs refuses other counts and the CPU backend");
     eng_cuda_gemv_segs(gpu, 0);
+    eng_cuda_gemv_rows(gpu, 1);
     s_lin_tag = "";
+}
+
+/* test_linears (and the plain matmuls up to 8 rows) again with the GEMV taking up to 8 rows
+   (ANVIL_CUDA_GEMV_MAX=8, the A/B of the default 1); the setting's bounds */
+static void test_linears_gemv8(void)
+{
+    eng_backend_t *bes[3] = {gpu, gpu32, gpu8};
+    const int def = eng_cuda_gemv_rows(gpu, -1);
+    ecu_t_check(def == 1, "eng_cuda_gemv_rows: 1 by default");
+    for (int i = 0; i < 3; i++)
+        ecu_t_check(eng_cuda_gemv_rows(bes[i], 8) == 8, "eng_cuda_gemv_rows sets 8");
+    s_lin_tag = " gemv<=8";
+    eng_dtype_t dts[3] = {ENG_DTYPE_BF16, ENG_DTYPE_F16, ENG_DTYPE_F32};
+    for (int i = 0; i < 3; i++) {
+        test_matmul(dts[i], 3, 1024, 600, 0);
+        test_matmul(dts[i], 8, 1024, 600, 1);
+    }
+    test_linears();
+    s_lin_tag = "";
+    for (int i = 0; i < 3; i++)
+        eng_cuda_gemv_rows(bes[i], def);
+    ecu_t_check(eng_cuda_gemv_rows(gpu, 9) == -EINVAL && eng_cuda_gemv_rows(cpu, 1) == -EINVAL &&
+                    eng_cuda_gemv_rows(gpu, -1) == def,
+                "eng_cuda_gemv_rows refuses 9 and the CPU backend, and keeps its value");
 }
 
 /* swiglu and the stacked swiglu_fused: ffn 1000 takes the 4-a-thread kernel, 1002 the
@@ -865,6 +898,7 @@ int main(int argc, char **argv)
         mma8->destroy(&mma8);
     test_elementwise();
     test_linears();
+    test_linears_gemv8();
     test_linear_segs();
     test_softmax_sample(gpu, "blocks a row by batch (the default)");
     s_sample_timing(gpu, "blocks a row by batch (the default)");

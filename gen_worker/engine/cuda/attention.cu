@@ -28,7 +28,8 @@
     A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
     default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
     256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a
-    token merging its partials instead of the combine kernel (x0.91 to x0.97).
+    token merging its partials instead of the combine kernel (x0.91 to x0.97); each lane asking
+    L2 for its K and V rows before the PDL wait (x1.000 at batch 1 on the H100).
 */
 #include <stdlib.h>
 #include <string.h>

@@ -419,6 +419,15 @@ extern "C" int eng_cuda_gemv_segs(eng_backend_t *be, int segs)
     return s_gemv_segs_set(ecu_st(be), segs);
 }
 
+extern "C" int eng_cuda_gemv_rows(eng_backend_t *be, int rows)
+{
+    if (!be || !be->name || strcmp(be->name, "cuda") != 0 || rows > 8)
+        return -EINVAL;
+    if (rows >= 0)
+        ecu_st(be)->gemv_max = rows;
+    return ecu_st(be)->gemv_max;
+}
+
 extern "C" int eng_cuda_available(void)
 {
     int n = 0;
@@ -515,6 +524,19 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* ANVIL_CUDA_GEMV_ROPE=0: the QKV GEMV leaves rope + KV store to rope_kv_store (A/B) */
         const char *gr = getenv("ANVIL_CUDA_GEMV_ROPE");
         st->gemv_rope = !(gr && strcmp(gr, "0") == 0);
+        /* ANVIL_CUDA_GEMV_MAX=R: matmuls of up to R rows (0 to 8) take the GEMV, larger ones
+           cuBLASLt; 1 by default (eng_cuda_gemv_rows; A/B) */
+        const char *gm = getenv("ANVIL_CUDA_GEMV_MAX");
+        st->gemv_max = 1;
+        if (gm && atoi(gm) >= 0 && atoi(gm) <= 8)
+            st->gemv_max = atoi(gm);
+        else if (gm)
+            ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_MAX=%s ignored (0 to 8)", gm);
+        /* a persistent GEMV grid of as many blocks as make its rounds of row groups whole
+           (matmul.cu; on the H100 +0.9 to +1.3 % at batch 1); ANVIL_CUDA_GEMV_BALANCE=0 fills
+           every resident slot instead (A/B) */
+        const char *gb = getenv("ANVIL_CUDA_GEMV_BALANCE");
+        st->gemv_balance = !(gb && strcmp(gb, "0") == 0);
         /* ANVIL_CUDA_GEMV_SEGS=1|2|4|8 fixes the GEMV's column segments a row (matmul.cu;
            A/B, eng_cuda_gemv_segs) */
         const char *gs = getenv("ANVIL_CUDA_GEMV_SEGS");
@@ -585,12 +607,13 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->swiglu_fused = ecu_swiglu_fused;
     be->linear = ecu_linear;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv grid %s%s, decode "
-             "attention %s%s%s, sampler %s%s",
+    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
+             "%s%s%s, decode attention %s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
-             st->pdl ? "on" : "off",
+             st->pdl ? "on" : "off", st->gemv_max,
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
              st->gemv_rope ? "" : ", rope apart",
+             st->gemv_balance ? ", whole rounds" : ", every slot",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",

@@ -50,6 +50,13 @@ int eng_cuda_graph_stats(eng_backend_t *be, long long *captures, long long *laun
    CUDA. */
 int eng_cuda_gemv_segs(eng_backend_t *be, int segs);
 
+/* The most rows a product takes the GEMV with (matmul.cu; above, cuBLASLt): rows 0 to 8 sets
+   it for later products, rows < 0 leaves it. Returns the value in effect, or -EINVAL for
+   other rows or a backend that is not CUDA. The default is 1 (on the H100 the GEMV ran
+   batches 2 to 8 at 0.90 to 0.27x cuBLASLt's speed); also read at start from
+   $ANVIL_CUDA_GEMV_MAX. For tests and the A/B. */
+int eng_cuda_gemv_rows(eng_backend_t *be, int rows);
+
 /* Device name into buf (for reports). */
 int eng_cuda_device_name(eng_backend_t *be, char *buf, size_t len);
 

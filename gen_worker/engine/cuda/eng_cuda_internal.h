@@ -125,6 +125,8 @@ typedef struct {
     int gemv_waves2;            /* resident waves x 2 the GEMV's segments aim for (matmul.cu) */
     int gemv_segs;              /* column segments a row, fixed (0: by gemv_waves2; A/B) */
     int gemv_rope;              /* rope + KV store in the QKV GEMV's epilogue (default; A/B) */
+    int gemv_max;               /* rows up to which matmuls take the GEMV (matmul.cu; <= 8) */
+    int gemv_balance;           /* persistent GEMV grids sized for whole rounds (default; A/B) */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */

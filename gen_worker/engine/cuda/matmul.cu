@@ -1,7 +1,9 @@
 /*  matmul.cu - out = x @ W^T (+ bias) with fp32 activations and bf16/fp16/fp32 weights, and
     the fused linear op (eng_ops.h) built on it.
 
-    Two paths. For n <= ECU_GEMV_MAX rows (decode at small batch) a GEMV kernel streams W
+    Two paths. For one row (batch-1 decode; up to ECU_GEMV_MAX rows with ANVIL_CUDA_GEMV_MAX,
+    st->gemv_max: on the H100 the GEMV ran batches 2 to 8 at 0.90 to 0.27x the speed of
+    cuBLASLt, whose batch-8 step takes as long as its batch 2, 2026-12-05) a GEMV kernel streams W
     once with 16-byte loads, each warp owning one output feature (or one column segment of it,
     for short matrices that would leave the GPU a partial wave: see s_gemv_segs) and keeping
     one fp32 sum per row; x (fp32, a few KB) stays in L1/L2, so the kernel runs at the weights'
@@ -29,7 +31,11 @@
     `anvil-bench-engine --linear 1 --linear-sweep` for each product on its own, then whole
     steps) stream variants that issue 4, 8 or 16 predicated loads a chunk (x0.947, x0.863,
     x0.804) and a bulk-copy GEMV (a block an SM streaming its rows through 32 shared-memory
-    stages of 4 KB filled by cp.async.bulk on mbarriers: 1.8 to 2.0 TB/s a product, x0.519).
+    stages of 4 KB filled by cp.async.bulk on mbarriers: 1.8 to 2.0 TB/s a product, x0.519);
+    and on the H100 (later that day, the same tools): each warp of a persistent grid asking L2
+    for its row segment a group ahead (cp.async.bulk.prefetch.L2; x0.870, gate|up 0.96 -> 0.80
+    of copy) and the batch-1 rope GEMV held to 3 blocks an SM by its launch bounds (28 bytes
+    spilled; x0.981).
 */
 #include "eng_cuda_internal.h"
 
@@ -524,7 +530,18 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
        ANVIL_CUDA_GEMV_PERSIST=0 (st->gemv_persist, read at start): a block per row group for
        all (the A/B). */
     const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
-    const dim3 grid((unsigned)(pgrid && a.n_blocks > slots ? slots : a.n_blocks));
+    long g = pgrid && a.n_blocks > slots ? slots : a.n_blocks;
+    if (pgrid && a.n_blocks > slots && st->gemv_balance) {
+        /* as many rounds of groups on fewer blocks, so that no round is a partial one
+           (gate|up at batch 1: 3584 groups on 396 slots are 9 rounds and 20 blocks' tenth;
+           balanced, 359 blocks of 10 or 9). On the H100 each product on its own is level
+           (--linear 1) but whole batch-1 steps gain 0.9 to 1.3 % (4 pairs of runs, graphs),
+           presumably as the slots left free let the next kernel's blocks start sooner.
+           ANVIL_CUDA_GEMV_BALANCE=0 (st->gemv_balance): every slot (the A/B) */
+        const long rounds = (a.n_blocks + slots - 1) / slots;
+        g = (a.n_blocks + rounds - 1) / rounds;
+    }
+    const dim3 grid((unsigned)g);
     if (rope)
         ECU_CHECK(ecu_launch(st, s_gemv_kernel<N, T, NORM, true>, grid, dim3(ECU_GEMV_WARPS * 32),
                              smem, w, a));
@@ -560,7 +577,7 @@ static int s_gemv_launch_norm(const ecu_state_t *st, const void *w, const s_gemv
     return s_gemv_launch_t<T, S_NORM_FOLD>(st, w, a);
 }
 
-/* The GEMV for n <= ECU_GEMV_MAX rows: 1 launched, 0 not applicable, < 0 error. */
+/* The GEMV for n <= st->gemv_max rows: 1 launched, 0 not applicable, < 0 error. */
 static int s_gemv_launch(const ecu_state_t *st, const void *w, eng_dtype_t dtype,
                          const s_gemv_args_t &a)
 {
@@ -707,7 +724,7 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
     return 0;
 }
 
-/* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= ECU_GEMV_MAX
+/* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= st->gemv_max
    (16-byte aligned rows), cuBLASLt above. */
 static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, const void *bias,
                     eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
@@ -718,7 +735,7 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
     }
     /* the GEMV's vector loads need 16-byte aligned rows; cuBLASLt copes with the rest */
     bool aligned = ((uintptr_t)x % 16 == 0) && ((uintptr_t)w % 16 == 0);
-    if (n <= ECU_GEMV_MAX && aligned) {
+    if (n <= st->gemv_max && aligned) {
         s_gemv_args_t a = {};
         a.out = out, a.x = x, a.bias = bias, a.n = n, a.in_dim = in_dim, a.out_dim = out_dim;
         a.epi = acc ? ENG_LIN_ADD : ENG_LIN_PLAIN;
@@ -759,7 +776,7 @@ extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const v
     return s_matmul(ecu_st(be), out, x, w, bias, dtype, n, in_dim, out_dim, false);
 }
 
-/* linear op by op, for shapes the fused GEMV does not take (more than ECU_GEMV_MAX rows,
+/* linear op by op, for shapes the fused GEMV does not take (more than st->gemv_max rows,
    unaligned rows, a norm in another dtype than W): the norm (written straight in the
    weights' dtype when cuBLASLt takes it), the product (the residual add as cuBLASLt's beta),
    then the epilogue's own kernel. */
@@ -774,7 +791,7 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
         ECU_TRY(ecu_buf_reserve(&st->lin_y, (size_t)n * out_dim * sizeof(float)));
         y = (float *)st->lin_y.ptr;
     }
-    if (f->norm_w && n > ECU_GEMV_MAX && dtype != ENG_DTYPE_F32 && f->norm_dtype == dtype &&
+    if (f->norm_w && n > st->gemv_max && dtype != ENG_DTYPE_F32 && f->norm_dtype == dtype &&
         in_dim % 8 == 0) {
         /* the norm writes the product's rounded input itself */
         ECU_TRY(ecu_buf_reserve(&st->xconv, (size_t)n * in_dim * 2));
@@ -818,7 +835,7 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
     }
     const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 &&
                          (uintptr_t)f->norm_w % 16 == 0;
-    if (n <= ECU_GEMV_MAX && aligned && (!f->norm_w || f->norm_dtype == dtype)) {
+    if (n <= st->gemv_max && aligned && (!f->norm_w || f->norm_dtype == dtype)) {
         s_gemv_args_t a = {};
         a.out = out, a.x = x, a.bias = bias, a.norm_w = f->norm_w, a.eps = f->eps, a.n = n;
         a.in_dim = in_dim, a.out_dim = out_dim, a.epi = f->epi;

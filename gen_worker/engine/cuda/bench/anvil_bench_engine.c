@@ -34,11 +34,13 @@
                 with the CUDA GEMV's column segments a row fixed at 1, 2, 4 and 8
                 (eng_cuda_gemv_segs), then by the default rule again (the drift).
 
-    Achieved bandwidth counts the bytes a decode step must read at least: all weights plus
-    the K/V of every cached position; it is reported as a fraction of a device-to-device copy
-    measured at start (a host memcpy on the CPU backend). With --cuda-graphs every decode
-    line is measured with graphs off and on (side by side in one line) and the grpo run uses
-    graphs for its decode-only steps. --backend cpu with --shape tiny runs the same logic on
+    Achieved bandwidth counts the bytes a decode step must read at least: all weights but the
+    embedding table (of which a step gathers one row a token), plus the K/V of every cached
+    position (until 2026-12-05 the whole table was counted, 8 % of the bytes of a batch-1
+    step); it is reported as a fraction of a device-to-device copy measured at start (a host
+    memcpy on the CPU backend). With --cuda-graphs every decode line is measured with graphs
+    off and on (side by side in one line) and the grpo run uses graphs for its decode-only
+    steps. --backend cpu with --shape tiny runs the same logic on
     the CPU reference (whose `sample` is eng_sampler, the definition the CUDA kernel follows),
     which is how the workload logic is tested without a GPU.
 */
@@ -358,7 +360,8 @@ static int s_run(s_env_t *x, eng_bm_t *m, const eng_bm_config_t *c, int B, int P
     r->decode_s = t2 - t1;
     r->tok_s = (double)B * N / r->decode_s;
     r->ms_step = r->decode_s * 1e3 / N;
-    double bytes = (double)eng_bm_weight_bytes(m) * N + kv_pos * eng_bm_kv_bytes_per_token(m);
+    double bytes =
+        (double)eng_bm_step_weight_bytes(m, B) * N + kv_pos * eng_bm_kv_bytes_per_token(m);
     r->gbps = bytes / r->decode_s / 1e9;
     r->frac = copy_gbps > 0 ? r->gbps / copy_gbps : 0;
     r->prefill_tok_s = synthetic ? 0 : (double)B * P / r->prefill_s;
@@ -950,7 +953,7 @@ int main(int argc, char **argv)
         max_b = o.batches[i] > max_b ? o.batches[i] : max_b;
     int bps = (o.prompt + o.n_new + c.block_size - 1) / c.block_size;
     size_t kv_tok = 0, free1 = 0;
-    double cap_tokens = 0, weights_gb = 0;
+    double cap_tokens = 0, weights_gb = 0, step_gb = 0;
 
     /* decode: one model with pools for the largest batch */
     if (o.n_batches > 0) {
@@ -962,16 +965,18 @@ int main(int argc, char **argv)
             be->mem_info(be, &free1, NULL);
         kv_tok = eng_bm_kv_bytes_per_token(m);
         weights_gb = eng_bm_weight_bytes(m) / 1e9;
+        step_gb = eng_bm_step_weight_bytes(m, 1) / 1e9;
         size_t pools = (size_t)max_b * bps * c.block_size * kv_tok;
         /* what the engine could hold: free memory after weights and activations, 90 % */
         cap_tokens = be->mem_info ? ((double)free1 + pools) * 0.9 / kv_tok : 0;
         if (!o.json)
-            printf("device=%s backend=%s shape=%s copy_gbps=%.0f weights_gb=%.2f "
-                   "kv_dtype=%s kv_bytes_per_token=%zu kv_capacity_tokens=%.0f layers=%d "
+            printf("device=%s backend=%s shape=%s copy_gbps=%.0f weights_gb=%.6g "
+                   "step_weights_gb=%.6g kv_dtype=%s kv_bytes_per_token=%zu "
+                   "kv_capacity_tokens=%.0f layers=%d "
                    "graphs=%s linear=%s attention=%s\n",
-                   dev, o.backend, o.shape, copy_gbps, weights_gb, eng_dtype_name(be->kv_dtype),
-                   kv_tok, cap_tokens, c.n_layer, o.graphs ? "off,on" : "off",
-                   eng_linear_enabled(be) ? "fused" : "op-by-op",
+                   dev, o.backend, o.shape, copy_gbps, weights_gb, step_gb,
+                   eng_dtype_name(be->kv_dtype), kv_tok, cap_tokens, c.n_layer,
+                   o.graphs ? "off,on" : "off", eng_linear_enabled(be) ? "fused" : "op-by-op",
                    x.cuda ? eng_cuda_decode_attention(be, c.n_head, c.n_kv_head) : "cpu");
         for (int i = 0; i < o.n_batches; i++)
             if (s_decode_config(&x, m, &c, &o, dev, "decode", o.batches[i], o.prompt, o.n_new,
@@ -1025,10 +1030,10 @@ int main(int argc, char **argv)
     }
     if (o.json) {
         printf("{\"bench\":\"summary\",\"device\":\"%s\",\"backend\":\"%s\",\"copy_gbps\":%.0f,"
-               "\"kv_capacity_tokens\":%.0f,\"weights_gb\":%.2f,\"kv_dtype\":\"%s\","
-               "\"linear\":\"%s\",\"attention\":\"%s\"",
-               dev, o.backend, copy_gbps, cap_tokens, weights_gb, eng_dtype_name(be->kv_dtype),
-               eng_linear_enabled(be) ? "fused" : "op-by-op",
+               "\"kv_capacity_tokens\":%.0f,\"weights_gb\":%.6g,\"step_weights_gb\":%.6g,"
+               "\"kv_dtype\":\"%s\",\"linear\":\"%s\",\"attention\":\"%s\"",
+               dev, o.backend, copy_gbps, cap_tokens, weights_gb, step_gb,
+               eng_dtype_name(be->kv_dtype), eng_linear_enabled(be) ? "fused" : "op-by-op",
                x.cuda ? eng_cuda_decode_attention(be, c.n_head, c.n_kv_head) : "cpu");
         for (int i = 0; i < o.n_batches; i++) {
             printf(",\"b%d_tok_s\":%.1f", res[i].batch, res[i].tok_s);

@@ -41,7 +41,7 @@ struct eng_bm {
     void *embed, *final_norm, *lm_head;
     s_layer_t *layers;
     float *x, *h, *qkv, *q, *k, *v, *att, *delta, *gu, *up, *act, *hl, *logits;
-    size_t weight_bytes;
+    size_t weight_bytes, embed_bytes; /* embed_bytes: the table, of which a step reads rows */
 };
 
 #define s_mix eng_sample_mix /* splitmix64 finaliser */
@@ -153,6 +153,7 @@ eng_bm_t *eng_bm_new(eng_backend_t *be, const eng_bm_config_t *cfg, int n_blocks
         goto fail;
     uint64_t sd = seed * 1000;
     m->embed = s_walloc(m, (size_t)c->vocab * H, fill, sd++, 0.0f, 1.0f, &rc);
+    m->embed_bytes = m->weight_bytes;
     for (int l = 0; l < c->n_layer && rc == 0; l++) {
         s_layer_t *L = &m->layers[l];
         L->attn_norm = s_walloc(m, H, fill, sd++, 1.0f, 0.1f, &rc);
@@ -230,6 +231,12 @@ void eng_bm_destroy(eng_bm_t **self_p)
 size_t eng_bm_weight_bytes(const eng_bm_t *self)
 {
     return self->weight_bytes;
+}
+
+size_t eng_bm_step_weight_bytes(const eng_bm_t *self, int n_tok)
+{
+    return self->weight_bytes - self->embed_bytes +
+           (size_t)n_tok * self->c.hidden * eng_dtype_size(self->c.wdtype);
 }
 
 size_t eng_bm_kv_bytes_per_token(const eng_bm_t *self)

@@ -61,8 +61,11 @@ int eng_bm_kv_copy(eng_bm_t *self, int src, int dst);
 /* Fills every KV pool with random values (a synthetic context for decode-only runs). */
 int eng_bm_kv_fill(eng_bm_t *self, eng_bm_fill_fn fill, uint64_t seed);
 
-/* Bytes of all weights (what one decode step must read). */
+/* Bytes of all weights (what the model holds). */
 size_t eng_bm_weight_bytes(const eng_bm_t *self);
+/* Bytes of weights a step of n_tok tokens must read at least: every weight but the embedding
+   table, of which it gathers n_tok rows. */
+size_t eng_bm_step_weight_bytes(const eng_bm_t *self, int n_tok);
 /* Bytes of K and V of one cached position over all layers. */
 size_t eng_bm_kv_bytes_per_token(const eng_bm_t *self);
 

@@ -57,9 +57,11 @@
 #   model_kvi    test_cuda_model with ANVIL_CUDA_ATTN_KV_INNER=1
 #   bench_kvi    bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_KV_INNER=1: the
 #                A/B against bench_kvs's
-#   bench_ab     every A/B switch (the GEMV's rope apart and segments at batch 1, the sampler's
-#                whole-row passes, KV heads inner, V with K) against the default, in short runs: batch 1, batch 256, batch
-#                256 x 2k bf16 and fp8 (the default first and last in each group); ~4 minutes
+#   bench_ab     every A/B switch (the GEMV's rope apart, segments, every slot and cuBLASLt
+#                at batch 1, the GEMV up to 8 rows at batch 4, the sampler's whole-row passes,
+#                KV heads inner, V with K) against the default, in short runs: batch 1, 4, 256,
+#                batch 256 x 2k bf16 and fp8 (the default first and last in each group); ~5
+#                minutes; ANVIL_AB_RUNS replaces the list
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -270,28 +272,36 @@ step ops_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_OPS"
 step model_kvi 90 env ANVIL_CUDA_ATTN_KV_INNER=1 "$T_MODEL"
 step bench_kvi 150 env KV_LIST="$KV_LIST" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_ATTN_KV_INNER=1 \
     "${KV_ARGS[@]}"
-# bench_ab: every A/B switch against the default in one step, in short runs (batch 1
+# bench_ab: every A/B switch against the default in one step, in short runs (batch 1 and 4
 # 128 new tokens; batch 256 64 new; batch 256 x 2k via decode_ctx, no prefill, 128 new), the
 # default first and last in each group to show the drift between runs
 if [ $DRY = 1 ]; then
     AB_B1="--backend cpu --shape tiny --threads 4 --batches 1 --prompt 16 --new 8 --ctx-batch 0"
+    AB_B4="--backend cpu --shape tiny --threads 4 --batches 2 --prompt 16 --new 8 --ctx-batch 0"
     AB_B256="--backend cpu --shape tiny --threads 4 --batches 4 --prompt 16 --new 8 --ctx-batch 0"
     AB_CTX="--backend cpu --shape tiny --threads 4 --batches none --ctx-batch 4 --ctx-len 64"
     AB_CTX="$AB_CTX --ctx-new 8 --kv-dtype f32"
     AB_KVS="f32 f32"
 else
     AB_B1="--cuda-graphs --batches 1 --prompt 512 --new 128 --ctx-batch 0"
+    AB_B4="--cuda-graphs --batches 4 --prompt 512 --new 128 --ctx-batch 0"
     AB_B256="--cuda-graphs --batches 256 --prompt 512 --new 64 --ctx-batch 0"
     AB_CTX="--cuda-graphs --batches none --ctx-batch 256 --ctx-len 2048 --ctx-new 128"
     AB_KVS="bf16 fp8"
 fi
+# ANVIL_AB_RUNS (lines "SET SWITCH|-") replaces the list for a session that needs a few rows
 AB_RUNS="b1 -
 b1 ANVIL_CUDA_GEMV_ROPE=0
 b1 ANVIL_CUDA_GEMV_SEGS=1
 b1 ANVIL_CUDA_GEMV_SEGS=2
+b1 ANVIL_CUDA_GEMV_BALANCE=0
+b1 ANVIL_CUDA_GEMV_MAX=0
 b1 ANVIL_CUDA_ATTN_KV_INNER=1
 b1 ANVIL_CUDA_ATTN_VLATE=0
 b1 -
+b4 -
+b4 ANVIL_CUDA_GEMV_MAX=8
+b4 -
 b256 -
 b256 ANVIL_CUDA_SAMPLE_LIST=0
 b256 ANVIL_CUDA_ATTN_KV_INNER=1
@@ -305,11 +315,14 @@ ctx8 -
 ctx8 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx8 ANVIL_CUDA_ATTN_VLATE=0
 ctx8 -"
-step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B256="$AB_B256" AB_CTX="$AB_CTX" \
+AB_RUNS=${ANVIL_AB_RUNS:-$AB_RUNS}
+step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B4="$AB_B4" AB_B256="$AB_B256" \
+    AB_CTX="$AB_CTX" \
     AB_KVS="$AB_KVS" bash -c 'b=$0; read -r kv16 kv8 <<< "$AB_KVS"; fails=0
         while read -r set sw; do
             case $set in
                 b1) a="$AB_B1" ;;
+                b4) a="$AB_B4" ;;
                 b256) a="$AB_B256" ;;
                 ctx16) a="$AB_CTX --kv-dtype $kv16" ;;
                 ctx8) a="$AB_CTX --kv-dtype $kv8" ;;
