@@ -520,6 +520,7 @@ static void test_linear_segs(void)
               {ENG_LIN_SWIGLU, 4096, 1400, 1},
               {ENG_LIN_ROPE_KV, 4096, 1536, 1}};
     char tag[32];
+    const int rows0 = eng_cuda_gemv_rows(gpu, -1);
     eng_cuda_gemv_rows(gpu, 8); /* batch 4 on the GEMV too */
     for (size_t si = 0; si < sizeof(segss) / sizeof(segss[0]); si++) {
         snprintf(tag, sizeof(tag), " segs=%d", segss[si]);
@@ -533,7 +534,7 @@ static void test_linear_segs(void)
                     eng_cuda_gemv_segs(cpu, 0) != 0,
                 "eng_cuda_gemv_segs refuses other counts and the CPU backend");
     eng_cuda_gemv_segs(gpu, 0);
-    eng_cuda_gemv_rows(gpu, 1);
+    eng_cuda_gemv_rows(gpu, rows0);
     s_lin_tag = "";
 }
 

@@ -419,12 +419,21 @@ extern "C" int eng_cuda_gemv_segs(eng_backend_t *be, int segs)
     return s_gemv_segs_set(ecu_st(be), segs);
 }
 
+/* The most rows a product takes the GEMV with (matmul.cu), 0 to ECU_GEMV_MAX. */
+static int s_gemv_rows_set(ecu_state_t *st, int rows)
+{
+    if (rows < 0 || rows > ECU_GEMV_MAX)
+        return -EINVAL;
+    st->gemv_max = rows;
+    return 0;
+}
+
 extern "C" int eng_cuda_gemv_rows(eng_backend_t *be, int rows)
 {
-    if (!be || !be->name || strcmp(be->name, "cuda") != 0 || rows > 8)
+    if (!be || !be->name || strcmp(be->name, "cuda") != 0)
         return -EINVAL;
-    if (rows >= 0)
-        ecu_st(be)->gemv_max = rows;
+    if (rows >= 0 && s_gemv_rows_set(ecu_st(be), rows))
+        return -EINVAL;
     return ecu_st(be)->gemv_max;
 }
 
@@ -528,10 +537,8 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            cuBLASLt; 1 by default (eng_cuda_gemv_rows; A/B) */
         const char *gm = getenv("ANVIL_CUDA_GEMV_MAX");
         st->gemv_max = 1;
-        if (gm && atoi(gm) >= 0 && atoi(gm) <= 8)
-            st->gemv_max = atoi(gm);
-        else if (gm)
-            ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_MAX=%s ignored (0 to 8)", gm);
+        if (gm && s_gemv_rows_set(st, atoi(gm)))
+            ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_MAX=%s ignored (0 to %d)", gm, ECU_GEMV_MAX);
         /* a persistent GEMV grid of as many blocks as make its rounds of row groups whole
            (matmul.cu; on the H100 +0.9 to +1.3 % at batch 1); ANVIL_CUDA_GEMV_BALANCE=0 fills
            every resident slot instead (A/B) */

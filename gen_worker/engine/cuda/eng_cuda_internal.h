@@ -93,6 +93,9 @@ enum {
     ECU_IDX_N
 };
 
+/* The most rows the GEMV takes (matmul.cu; st->gemv_max picks up to this many). */
+#define ECU_GEMV_MAX 8
+
 /* Attention plan of one batch (see attention.cu): device arrays plus sizes. */
 typedef struct {
     int n_tiles, n_dec_tiles, n_tok, n_parts, n_seq, max_blocks, q_tile;

@@ -39,7 +39,6 @@
 */
 #include "eng_cuda_internal.h"
 
-#define ECU_GEMV_MAX 8
 #define ECU_GEMV_WARPS 8
 
 /* 8 consecutive weights as loaded: one 16-byte load (bf16/f16) or two (f32), widened to fp32
@@ -530,16 +529,19 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
        ANVIL_CUDA_GEMV_PERSIST=0 (st->gemv_persist, read at start): a block per row group for
        all (the A/B). */
     const bool pgrid = st->gemv_persist && NORM == S_NORM_STAGE;
-    long g = pgrid && a.n_blocks > slots ? slots : a.n_blocks;
-    if (pgrid && a.n_blocks > slots && st->gemv_balance) {
-        /* as many rounds of groups on fewer blocks, so that no round is a partial one
-           (gate|up at batch 1: 3584 groups on 396 slots are 9 rounds and 20 blocks' tenth;
-           balanced, 359 blocks of 10 or 9). On the H100 each product on its own is level
-           (--linear 1) but whole batch-1 steps gain 0.9 to 1.3 % (4 pairs of runs, graphs),
-           presumably as the slots left free let the next kernel's blocks start sooner.
-           ANVIL_CUDA_GEMV_BALANCE=0 (st->gemv_balance): every slot (the A/B) */
-        const long rounds = (a.n_blocks + slots - 1) / slots;
-        g = (a.n_blocks + rounds - 1) / rounds;
+    long g = a.n_blocks;
+    if (pgrid && a.n_blocks > slots) {
+        g = slots;
+        if (st->gemv_balance) {
+            /* as many rounds of groups on fewer blocks, so that no round is a partial one
+               (gate|up at batch 1: 3584 groups on 396 slots are 9 rounds and 20 blocks' tenth;
+               balanced, 359 blocks of 10 or 9). On the H100 each product on its own is level
+               (--linear 1) but whole batch-1 steps gain 0.9 to 1.3 % (4 pairs of runs, graphs),
+               presumably as the slots left free let the next kernel's blocks start sooner.
+               ANVIL_CUDA_GEMV_BALANCE=0 (st->gemv_balance): every slot (the A/B) */
+            const long rounds = (a.n_blocks + slots - 1) / slots;
+            g = (a.n_blocks + rounds - 1) / rounds;
+        }
     }
     const dim3 grid((unsigned)g);
     if (rope)
