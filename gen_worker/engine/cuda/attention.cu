@@ -445,7 +445,7 @@ static __device__ __forceinline__ void s_warps_merge(const float (&wm)[ECU_ATTN_
 static __device__ __forceinline__ void s_combine_head(float *out, const float *part_o,
                                                       const float2 *part_ml, int base, int ns,
                                                       int t, int h, int n_head, int head_dim,
-                                                      float *wt, float *red)
+                                                      float *wt, float *red, void *low, int kind)
 {
     const int d = threadIdx.x;
     float mx = -INFINITY;
@@ -470,7 +470,10 @@ static __device__ __forceinline__ void s_combine_head(float *out, const float *p
             acc += __ldcg(po + i * stride) * wt[i];
     }
     sum = ecu_block_sum(sum, red);
-    out[((size_t)t * n_head + h) * head_dim + d] = sum > 0.0f ? acc / sum : 0.0f;
+    const size_t i = ((size_t)t * n_head + h) * head_dim + d;
+    const float v = sum > 0.0f ? acc / sum : 0.0f;
+    out[i] = v;
+    ecu_twin_store(low, kind, i, v);
 }
 
 /* A decode item (a tile and a KV head) as a lane sees it: the token, split, keys of its warp
@@ -944,14 +947,15 @@ static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f
                                              const float *part_o /* (n_parts, n_head, hd) */,
                                              const float2 *part_ml /* (n_parts, n_head) */,
                                              const int *tok_part, const int *tok_nsplit,
-                                             int n_head, int head_dim)
+                                             int n_head, int head_dim,
+                                             void *low /* out's rounded twin or NULL */, int kind)
 {
     __shared__ float wt[ECU_ATTN_CHUNK], red[32];
     ecu_pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y;
     const int base = tok_part[t], ns = tok_nsplit[t];
     ecu_pdl_wait();
-    s_combine_head(out, part_o, part_ml, base, ns, t, h, n_head, head_dim, wt, red);
+    s_combine_head(out, part_o, part_ml, base, ns, t, h, n_head, head_dim, wt, red, low, kind);
 }
 
 template <int HD, int RPW, typename T>
@@ -1058,6 +1062,7 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
 {
     ecu_state_t *st = ecu_st(be);
     const ecu_attn_plan_t *p;
+    ecu_twin_drop(st);
     if (!out || !q || !k_cache || !v_cache || !batch || n_head <= 0 || n_kv_head <= 0 ||
         n_head % n_kv_head || block_size <= 0)
         return -EINVAL;
@@ -1082,9 +1087,18 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
 #undef ECU_ATTN_KV
     if (rc)
         return rc;
+    /* the combine also writes the O projection's rounded input (its twin, ecu_twin_begin;
+       the dtype of the linear before, QKV's, taken for O's) */
+    void *low;
+    int kind;
+    ECU_TRY(ecu_twin_begin(st, out, p->n_tok, n_head * head_dim, st->twin_dtype, &low, &kind));
     dim3 grid(p->n_tok, n_head);
-    ECU_CHECK(ecu_launch(st, s_attn_combine_kernel, grid, dim3(head_dim), 0, out,
-                         (const float *)st->part_o.ptr, (const float2 *)st->part_ml.ptr,
-                         (const int *)p->tok_part, (const int *)p->tok_nsplit, n_head, head_dim));
+    const cudaError_t e = ecu_launch(st, s_attn_combine_kernel, grid, dim3(head_dim), 0, out,
+                                     (const float *)st->part_o.ptr,
+                                     (const float2 *)st->part_ml.ptr, (const int *)p->tok_part,
+                                     (const int *)p->tok_nsplit, n_head, head_dim, low, kind);
+    if (e != cudaSuccess)
+        ecu_twin_drop(st);
+    ECU_CHECK(e);
     return 0;
 }
