@@ -9,8 +9,11 @@
     folded in; plain, residual-add, SwiGLU and rope + KV store epilogues) is held to the CPU's
     composition of the separate ops, also with the GEMV taking up to 8 rows (1 by default) and
     its column segments fixed at 1, 2, 4 and 8. 64 decodes at once (more decode items than the
-    GPU holds blocks) run on the default decode grid, with the KV heads inner and with V loaded
-    with K, each against the CPU and the last two bit for bit against the first. Sampling is
+    GPU holds blocks) run on the default decode grid, with the KV heads inner, with V loaded
+    with K and with the block-per-head combine, each against the CPU and the last three bit for
+    bit against the first; decodes of 32 to 71 splits test the warp combine's rounds. The
+    rounded twins (SwiGLU's and the combine's output rounded for the next cuBLASLt product)
+    are held to the same bits as the product's own rounding (test_twins). Sampling is
     checked for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance
     and the empirical distribution over many seeds, for the default sampler (blocks a row by
     batch), each fixed one (one block a row, a cluster of 8 blocks a row:
@@ -331,22 +334,28 @@ static char *s_env_swap(const char *name, const char *v)
    bit for bit (the same arithmetic an item). */
 static void test_attention_decodes(eng_dtype_t kv)
 {
-    enum { NS = 64, NB = 3 };
+    enum { NS = 64, NB = 4 };
     const int hd = 128, nh = 32, nkv = 8, bs = 16, mb = 44, nb = NS * mb;
-    static const char *const label[NB] = {"default grid", "KV heads inner", "V with K"};
-    static const char *const sw[NB][2] = {{"0", "1"}, {"1", "1"}, {"0", "0"}};
-    char *was_kvi = s_env_swap("ANVIL_CUDA_ATTN_KV_INNER", NULL);
-    char *was_vl = s_env_swap("ANVIL_CUDA_ATTN_VLATE", NULL);
+    static const char *const label[NB] = {"default grid", "KV heads inner", "V with K",
+                                          "block combine"};
+    static const char *const sw[NB][3] = {
+        {"0", "1", "warp"}, {"1", "1", "warp"}, {"0", "0", "warp"}, {"0", "1", "block"}};
+    static const char *const names[3] = {"ANVIL_CUDA_ATTN_KV_INNER", "ANVIL_CUDA_ATTN_VLATE",
+                                         "ANVIL_CUDA_ATTN_COMBINE"};
+    char *was[3];
+    for (int k = 0; k < 3; k++)
+        was[k] = s_env_swap(names[k], NULL);
     eng_backend_t *be[NB];
     for (int i = 0; i < NB; i++) {
-        setenv("ANVIL_CUDA_ATTN_KV_INNER", sw[i][0], 1);
-        setenv("ANVIL_CUDA_ATTN_VLATE", sw[i][1], 1);
+        for (int k = 0; k < 3; k++)
+            setenv(names[k], sw[i][k], 1);
         be[i] = eng_cuda_backend_new_kv(kv);
     }
-    free(s_env_swap("ANVIL_CUDA_ATTN_KV_INNER", was_kvi));
-    free(s_env_swap("ANVIL_CUDA_ATTN_VLATE", was_vl));
-    free(was_kvi), free(was_vl);
-    ecu_t_check(be[0] && be[1] && be[2], "backends with each decode grid");
+    for (int k = 0; k < 3; k++) {
+        free(s_env_swap(names[k], was[k]));
+        free(was[k]);
+    }
+    ecu_t_check(be[0] && be[1] && be[2] && be[3], "backends with each decode grid");
     int32_t q_start[NS + 1], ctx[NS];
     for (int s = 0; s < NS; s++) {
         q_start[s] = s;
@@ -395,6 +404,47 @@ static void test_attention_decodes(eng_dtype_t kv)
         free(got[i]);
     }
     free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
+}
+
+/* Decodes over more than 32 splits (4096 positions): the combine's warp takes its splits in
+   rounds of 32. Contexts 4096, 4097 and 9000 (32, 33 and 71 splits) against the CPU, for the
+   warp combine (the default) and the block one (ANVIL_CUDA_ATTN_COMBINE=block). */
+static void test_attention_long(void)
+{
+    enum { NS = 3 };
+    const int hd = 128, nh = 32, nkv = 8, bs = 16, mb = 563, nb = NS * mb;
+    char *was = s_env_swap("ANVIL_CUDA_ATTN_COMBINE", "block");
+    eng_backend_t *blk = eng_cuda_backend_new_kv(ENG_DTYPE_BF16);
+    free(s_env_swap("ANVIL_CUDA_ATTN_COMBINE", was));
+    free(was);
+    ecu_t_check(blk != NULL, "a backend with the block combine");
+    int32_t q_start[NS + 1] = {0, 1, 2, 3}, ctx[NS] = {4096, 4097, 9000};
+    int32_t *tables = malloc((size_t)nb * 4);
+    for (int i = 0; i < nb; i++)
+        tables[i] = (i * 11 + 5) % nb;
+    size_t pool = (size_t)nb * bs * nkv * hd, qn = (size_t)NS * nh * hd;
+    float *ck, *cv;
+    void *hk, *hv;
+    s_kv_fill(ENG_DTYPE_BF16, pool, &hk, &hv, &ck, &cv);
+    float *q = s_rand(qn, 1.0f), *ref = malloc(qn * 4), *got = malloc(qn * 4);
+    eng_attn_batch_t b = {NS, q_start, ctx, tables, mb};
+    cpu->attention(cpu, ref, q, ck, cv, &b, nh, nkv, hd, bs);
+    eng_backend_t *bes[2] = {gpu, blk};
+    for (int i = 0; i < 2 && bes[i]; i++) {
+        eng_backend_t *be = bes[i];
+        void *gk = ecu_t_put(be, hk, pool * 2), *gv = ecu_t_put(be, hv, pool * 2);
+        float *gq = ecu_t_put(be, q, qn * 4), *go = be->alloc(be, qn * 4);
+        int rc = be->attention(be, go, gq, gk, gv, &b, nh, nkv, hd, bs);
+        ecu_t_check(rc == 0, "attention over 33 to 71 splits returns 0");
+        ecu_t_get(be, got, go, qn * 4);
+        ecu_t_close(i ? "attention, contexts 4096 / 4097 / 9000, block combine"
+                      : "attention, contexts 4096 / 4097 / 9000, warp combine",
+                    got, ref, qn, 2e-5);
+        be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go);
+    }
+    if (blk)
+        blk->destroy(&blk);
+    free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref), free(got);
 }
 
 /* test_linear_segs' tag for the check names */
@@ -1042,6 +1092,7 @@ int main(int argc, char **argv)
     test_attention(gpu32, 64, 28, 4);
     test_attention(gpu8, 128, 32, 8);
     test_attention(gpu8, 64, 28, 4);
+    test_attention_long();
     /* the FMA decode kernel (ANVIL_CUDA_ATTN_MMA=0; the backends above run the tensor-core one
        where it applies): bf16 and fp8 KV, 4 and 8 query heads a KV head, head_dim 128 and 64,
        and 7 a KV head (the FMA kernel either way) */

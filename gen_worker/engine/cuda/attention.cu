@@ -21,7 +21,9 @@
     kernel reads its tile, context and block-table entry before the PDL wait (the plan is
     uploaded before a step's first kernel), issues its whole K row (fp8) before staging q, and
     a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
-    combine computes each split's weight once into shared memory. Decode tiles of bf16 / fp8
+    combine runs a warp per (token, head), each split's weight computed once by one lane (a
+    block per (token, head) with the weights in shared memory: ANVIL_CUDA_ATTN_COMBINE=block,
+    the A/B). Decode tiles of bf16 / fp8
     KV with 4 or 8 query heads a KV head run a tensor-core kernel instead (st->attn_mma, off
     with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same tiles and partials;
     it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0.
@@ -958,6 +960,78 @@ static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f
     s_combine_head(out, part_o, part_ml, base, ns, t, h, n_head, head_dim, wt, red, low, kind);
 }
 
+/* The combine with a warp per (token, head), four heads a block (st->attn_combine_warp, the
+   default; ANVIL_CUDA_ATTN_COMBINE=block is the kernel above): lane i holds split i's weight
+   (32 splits a round, 4096 positions), a lane owns HD / 32 dimensions and reads them in one
+   8- or 16-byte load a split, the weighted partials summed in split order as above, every
+   lane's load of the round issued before the first is used; no shared memory and no block
+   barrier. Up to 32 splits (4096 positions) the same bits as the block kernel (the sum of
+   l_i * weight_i is the same butterfly); above it the l sums add in another order. */
+template <int HD>
+static __global__ void __launch_bounds__(128)
+    s_attn_combine_warp_kernel(float *out /* (n_tok, n_head, HD) f32 */,
+                               const float *part_o /* (n_parts, n_head, HD) */,
+                               const float2 *part_ml /* (n_parts, n_head) */,
+                               const int *tok_part, const int *tok_nsplit, int n_head,
+                               void *low /* out's rounded twin or NULL */, int kind)
+{
+    constexpr int PER = HD / 32;
+    static_assert(PER == 2 || PER == 4, "head_dim 64 or 128");
+    ecu_pdl_trigger();
+    const int lane = threadIdx.x & 31, t = blockIdx.x, h = blockIdx.y * 4 + (threadIdx.x >> 5);
+    const int base = tok_part[t], ns = tok_nsplit[t];
+    ecu_pdl_wait();
+    if (h >= n_head)
+        return; /* a whole warp: no barrier below */
+    const float2 *ml = part_ml + (size_t)base * n_head + h;
+    float2 m0 = make_float2(-INFINITY, 0.0f); /* this lane's split of the first round */
+    if (lane < ns)
+        m0 = __ldcg(ml + (size_t)lane * n_head);
+    float mx = m0.x;
+    for (int i = lane + 32; i < ns; i += 32)
+        mx = fmaxf(mx, __ldcg(ml + (size_t)i * n_head).x);
+    mx = ecu_warp_max(mx);
+    const size_t stride = (size_t)n_head * HD;
+    const float *po = part_o + ((size_t)base * n_head + h) * HD + lane * PER;
+    float sum = 0.0f, acc[PER] = {};
+    for (int c0 = 0; c0 < ns; c0 += 32) {
+        const int nc = min(32, ns - c0);
+        float2 m = c0 == 0 ? m0 : make_float2(-INFINITY, 0.0f);
+        if (c0 > 0 && lane < nc)
+            m = __ldcg(ml + (size_t)(c0 + lane) * n_head);
+        const float w = lane < nc && m.x != -INFINITY ? __expf(m.x - mx) : 0.0f;
+        if (lane < nc)
+            sum += m.y * w;
+        const float *pc = po + (size_t)c0 * stride;
+#pragma unroll 8
+        for (int i = 0; i < nc; i++) {
+            const float wi = __shfl_sync(0xffffffffu, w, i);
+            if constexpr (PER == 4) {
+                const float4 v = __ldcg((const float4 *)(pc + i * stride));
+                acc[0] += v.x * wi, acc[1] += v.y * wi, acc[2] += v.z * wi, acc[3] += v.w * wi;
+            } else {
+                const float2 v = __ldcg((const float2 *)(pc + i * stride));
+                acc[0] += v.x * wi, acc[1] += v.y * wi;
+            }
+        }
+    }
+    sum = ecu_warp_sum(sum);
+    const size_t o = ((size_t)t * n_head + h) * HD + lane * PER;
+    float r[PER];
+#pragma unroll
+    for (int e = 0; e < PER; e++)
+        r[e] = sum > 0.0f ? acc[e] / sum : 0.0f;
+    if constexpr (PER == 4) {
+        const float4 v = make_float4(r[0], r[1], r[2], r[3]);
+        *(float4 *)(out + o) = v;
+        ecu_twin_store4(low, kind, o / 4, v);
+    } else {
+        *(float2 *)(out + o) = make_float2(r[0], r[1]);
+        ecu_twin_store(low, kind, o, r[0]);
+        ecu_twin_store(low, kind, o + 1, r[1]);
+    }
+}
+
 template <int HD, int RPW, typename T>
 static int s_attn_launch_one(ecu_state_t *st, const ecu_attn_plan_t *p, int t0, int nt,
                              const float *q, const void *kc, const void *vc, int n_head,
@@ -1092,11 +1166,20 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
     void *low;
     int kind;
     ECU_TRY(ecu_twin_begin(st, out, p->n_tok, n_head * head_dim, st->twin_dtype, &low, &kind));
-    dim3 grid(p->n_tok, n_head);
-    const cudaError_t e = ecu_launch(st, s_attn_combine_kernel, grid, dim3(head_dim), 0, out,
-                                     (const float *)st->part_o.ptr,
-                                     (const float2 *)st->part_ml.ptr, (const int *)p->tok_part,
-                                     (const int *)p->tok_nsplit, n_head, head_dim, low, kind);
+    const float *po = (const float *)st->part_o.ptr;
+    const float2 *pm = (const float2 *)st->part_ml.ptr;
+    const dim3 gw(p->n_tok, (n_head + 3) / 4);
+    const cudaError_t e =
+        !st->attn_combine_warp
+            ? ecu_launch(st, s_attn_combine_kernel, dim3(p->n_tok, n_head), dim3(head_dim), 0,
+                         out, po, pm, (const int *)p->tok_part, (const int *)p->tok_nsplit,
+                         n_head, head_dim, low, kind)
+        : head_dim == 64 ? ecu_launch(st, s_attn_combine_warp_kernel<64>, gw, dim3(128), 0, out,
+                                      po, pm, (const int *)p->tok_part,
+                                      (const int *)p->tok_nsplit, n_head, low, kind)
+                         : ecu_launch(st, s_attn_combine_warp_kernel<128>, gw, dim3(128), 0,
+                                      out, po, pm, (const int *)p->tok_part,
+                                      (const int *)p->tok_nsplit, n_head, low, kind);
     if (e != cudaSuccess)
         ecu_twin_drop(st);
     ECU_CHECK(e);

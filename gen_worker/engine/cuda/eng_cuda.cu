@@ -562,6 +562,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            next to each other (a position's cache row read at once; attention.cu; A/B) */
         const char *ak = getenv("ANVIL_CUDA_ATTN_KV_INNER");
         st->attn_kv_inner = ak && strcmp(ak, "1") == 0;
+        /* the attention's combine with a warp per (token, head); ANVIL_CUDA_ATTN_COMBINE=block
+           runs a block per (token, head) (attention.cu; A/B) */
+        const char *ac = getenv("ANVIL_CUDA_ATTN_COMBINE");
+        st->attn_combine_warp = !(ac && strcmp(ac, "block") == 0);
         /* the ops that write a cuBLASLt product's input (SwiGLU in a composed gate|up linear,
            the attention's combine) also write it rounded, so the product does not round it
            again (ecu_twin_begin, matmul.cu); ANVIL_CUDA_TWIN=0 leaves the rounding to the
@@ -633,8 +637,8 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->linear = ecu_linear;
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
-             "%s%s%s, cuBLASLt split-K %s, rounded twins %s, decode attention %s%s%s, sampler "
-             "%s%s",
+             "%s%s%s, cuBLASLt split-K %s, rounded twins %s, decode attention %s%s%s, combine "
+             "%s a head, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off", st->gemv_max,
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
@@ -647,6 +651,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",
+             st->attn_combine_warp ? "a warp" : "a block",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
                                       : "8 blocks a row",

@@ -59,7 +59,8 @@
 #                A/B against bench_kvs's
 #   bench_ab     every A/B switch (the GEMV's rope apart, segments, every slot and cuBLASLt
 #                at batch 1, the GEMV up to 8 rows at batch 4, no rounded twins and cuBLASLt's
-#                split-K reductions at 4 to 256, the sampler's whole-row passes, KV heads
+#                split-K reductions at 4 to 256, the block combine, the sampler's whole-row
+#                passes, KV heads
 #                inner, V with K) against the default, in short runs: batch 1, 4, 16, 64, 256,
 #                batch 256 x 2k bf16 and fp8 (the default first and last in each group); ~7
 #                minutes; ANVIL_AB_RUNS replaces the list
@@ -312,6 +313,7 @@ b4 ANVIL_CUDA_LT_REDUCE=inplace
 b4 -
 b16 -
 b16 ANVIL_CUDA_TWIN=0
+b16 ANVIL_CUDA_ATTN_COMBINE=block
 b16 ANVIL_CUDA_LT_REDUCE=none
 b16 ANVIL_CUDA_LT_REDUCE=inplace
 b16 -
@@ -321,12 +323,14 @@ b64 ANVIL_CUDA_LT_REDUCE=none
 b64 -
 b256 -
 b256 ANVIL_CUDA_TWIN=0
+b256 ANVIL_CUDA_ATTN_COMBINE=block
 b256 ANVIL_CUDA_SAMPLE_LIST=0
 b256 ANVIL_CUDA_ATTN_KV_INNER=1
 b256 ANVIL_CUDA_ATTN_VLATE=0
 b256 -
 ctx16 -
 ctx16 ANVIL_CUDA_TWIN=0
+ctx16 ANVIL_CUDA_ATTN_COMBINE=block
 ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx16 ANVIL_CUDA_ATTN_VLATE=0
 ctx16 -
