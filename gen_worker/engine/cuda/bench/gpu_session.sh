@@ -60,10 +60,9 @@
 #   bench_ab     every A/B switch (the GEMV's rope apart, segments, every slot and cuBLASLt
 #                at batch 1, the GEMV up to 8 rows at batch 4, no rounded twins and cuBLASLt's
 #                split-K reductions at 4 to 256, the block combine, the sampler's whole-row
-#                passes, KV heads
-#                inner, V with K) against the default, in short runs: batch 1, 4, 16, 64, 256,
-#                batch 256 x 2k bf16 and fp8 (the default first and last in each group); ~7
-#                minutes; ANVIL_AB_RUNS replaces the list
+#                passes, KV heads inner, V with K) against the default, in short runs: batch
+#                1, 4, 16, 64, 256, batch 256 x 2k bf16 and fp8 (the default first and last
+#                in each group); ~7 minutes; ANVIL_AB_RUNS replaces the list
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
