@@ -566,6 +566,10 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            runs a block per (token, head) (attention.cu; A/B) */
         const char *ac = getenv("ANVIL_CUDA_ATTN_COMBINE");
         st->attn_combine_warp = !(ac && strcmp(ac, "block") == 0);
+        /* the norms read their weights before the PDL wait; ANVIL_CUDA_NORM_EARLY=0 after
+           the reduction (norm.cu; A/B) */
+        const char *ne = getenv("ANVIL_CUDA_NORM_EARLY");
+        st->norm_early = !(ne && strcmp(ne, "0") == 0);
         /* the ops that write a cuBLASLt product's input (SwiGLU in a composed gate|up linear,
            the attention's combine) also write it rounded, so the product does not round it
            again (ecu_twin_begin, matmul.cu); ANVIL_CUDA_TWIN=0 leaves the rounding to the
@@ -637,13 +641,14 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->linear = ecu_linear;
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
-             "%s%s%s, cuBLASLt split-K %s, rounded twins %s, decode attention %s%s%s, combine "
+             "%s%s%s, norm weights %s, cuBLASLt split-K %s, rounded twins %s, decode attention %s%s%s, combine "
              "%s a head, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off", st->gemv_max,
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
              st->gemv_rope ? "" : ", rope apart",
              st->gemv_balance ? ", whole rounds" : ", every slot",
+             st->norm_early ? "early" : "late",
              st->lt_reduce == CUBLASLT_REDUCTION_SCHEME_NONE      ? "off"
              : st->lt_reduce == CUBLASLT_REDUCTION_SCHEME_INPLACE ? "in place"
                                                                   : "any",
