@@ -9,9 +9,9 @@
     folded in; plain, residual-add, SwiGLU and rope + KV store epilogues) is held to the CPU's
     composition of the separate ops, also with the GEMV taking up to 8 rows (1 by default) and
     its column segments fixed at 1, 2, 4 and 8. 64 decodes at once (more decode items than the
-    GPU holds blocks) run on the default decode grid, with the KV heads inner, with V loaded
-    with K and with the block-per-head combine, each against the CPU and the last three bit for
-    bit against the first; decodes of 32 to 71 splits test the warp combine's rounds. The
+    GPU holds blocks) run on the default decode grid, with the KV heads inner and with V loaded
+    with K, each against the CPU and the last two bit for bit against the first; decodes of 32
+    to 71 splits test the combine's rounds of 32 splits. The
     rounded twins (SwiGLU's and the combine's output rounded for the next cuBLASLt product)
     are held to the same bits as the product's own rounding (test_twins). Sampling is
     checked for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance
@@ -334,28 +334,22 @@ static char *s_env_swap(const char *name, const char *v)
    bit for bit (the same arithmetic an item). */
 static void test_attention_decodes(eng_dtype_t kv)
 {
-    enum { NS = 64, NB = 4 };
+    enum { NS = 64, NB = 3 };
     const int hd = 128, nh = 32, nkv = 8, bs = 16, mb = 44, nb = NS * mb;
-    static const char *const label[NB] = {"default grid", "KV heads inner", "V with K",
-                                          "block combine"};
-    static const char *const sw[NB][3] = {
-        {"0", "1", "warp"}, {"1", "1", "warp"}, {"0", "0", "warp"}, {"0", "1", "block"}};
-    static const char *const names[3] = {"ANVIL_CUDA_ATTN_KV_INNER", "ANVIL_CUDA_ATTN_VLATE",
-                                         "ANVIL_CUDA_ATTN_COMBINE"};
-    char *was[3];
-    for (int k = 0; k < 3; k++)
-        was[k] = s_env_swap(names[k], NULL);
+    static const char *const label[NB] = {"default grid", "KV heads inner", "V with K"};
+    static const char *const sw[NB][2] = {{"0", "1"}, {"1", "1"}, {"0", "0"}};
+    char *was_kvi = s_env_swap("ANVIL_CUDA_ATTN_KV_INNER", NULL);
+    char *was_vl = s_env_swap("ANVIL_CUDA_ATTN_VLATE", NULL);
     eng_backend_t *be[NB];
     for (int i = 0; i < NB; i++) {
-        for (int k = 0; k < 3; k++)
-            setenv(names[k], sw[i][k], 1);
+        setenv("ANVIL_CUDA_ATTN_KV_INNER", sw[i][0], 1);
+        setenv("ANVIL_CUDA_ATTN_VLATE", sw[i][1], 1);
         be[i] = eng_cuda_backend_new_kv(kv);
     }
-    for (int k = 0; k < 3; k++) {
-        free(s_env_swap(names[k], was[k]));
-        free(was[k]);
-    }
-    ecu_t_check(be[0] && be[1] && be[2] && be[3], "backends with each decode grid");
+    free(s_env_swap("ANVIL_CUDA_ATTN_KV_INNER", was_kvi));
+    free(s_env_swap("ANVIL_CUDA_ATTN_VLATE", was_vl));
+    free(was_kvi), free(was_vl);
+    ecu_t_check(be[0] && be[1] && be[2], "backends with each decode grid");
     int32_t q_start[NS + 1], ctx[NS];
     for (int s = 0; s < NS; s++) {
         q_start[s] = s;
@@ -407,17 +401,11 @@ static void test_attention_decodes(eng_dtype_t kv)
 }
 
 /* Decodes over more than 32 splits (4096 positions): the combine's warp takes its splits in
-   rounds of 32. Contexts 4096, 4097 and 9000 (32, 33 and 71 splits) against the CPU, for the
-   warp combine (the default) and the block one (ANVIL_CUDA_ATTN_COMBINE=block). */
+   rounds of 32. Contexts 4096, 4097 and 9000 (32, 33 and 71 splits) against the CPU. */
 static void test_attention_long(void)
 {
     enum { NS = 3 };
     const int hd = 128, nh = 32, nkv = 8, bs = 16, mb = 563, nb = NS * mb;
-    char *was = s_env_swap("ANVIL_CUDA_ATTN_COMBINE", "block");
-    eng_backend_t *blk = eng_cuda_backend_new_kv(ENG_DTYPE_BF16);
-    free(s_env_swap("ANVIL_CUDA_ATTN_COMBINE", was));
-    free(was);
-    ecu_t_check(blk != NULL, "a backend with the block combine");
     int32_t q_start[NS + 1] = {0, 1, 2, 3}, ctx[NS] = {4096, 4097, 9000};
     int32_t *tables = malloc((size_t)nb * 4);
     for (int i = 0; i < nb; i++)
@@ -429,21 +417,13 @@ static void test_attention_long(void)
     float *q = s_rand(qn, 1.0f), *ref = malloc(qn * 4), *got = malloc(qn * 4);
     eng_attn_batch_t b = {NS, q_start, ctx, tables, mb};
     cpu->attention(cpu, ref, q, ck, cv, &b, nh, nkv, hd, bs);
-    eng_backend_t *bes[2] = {gpu, blk};
-    for (int i = 0; i < 2 && bes[i]; i++) {
-        eng_backend_t *be = bes[i];
-        void *gk = ecu_t_put(be, hk, pool * 2), *gv = ecu_t_put(be, hv, pool * 2);
-        float *gq = ecu_t_put(be, q, qn * 4), *go = be->alloc(be, qn * 4);
-        int rc = be->attention(be, go, gq, gk, gv, &b, nh, nkv, hd, bs);
-        ecu_t_check(rc == 0, "attention over 33 to 71 splits returns 0");
-        ecu_t_get(be, got, go, qn * 4);
-        ecu_t_close(i ? "attention, contexts 4096 / 4097 / 9000, block combine"
-                      : "attention, contexts 4096 / 4097 / 9000, warp combine",
-                    got, ref, qn, 2e-5);
-        be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go);
-    }
-    if (blk)
-        blk->destroy(&blk);
+    void *gk = ecu_t_put(gpu, hk, pool * 2), *gv = ecu_t_put(gpu, hv, pool * 2);
+    float *gq = ecu_t_put(gpu, q, qn * 4), *go = gpu->alloc(gpu, qn * 4);
+    int rc = gpu->attention(gpu, go, gq, gk, gv, &b, nh, nkv, hd, bs);
+    ecu_t_check(rc == 0, "attention over 32 to 71 splits returns 0");
+    ecu_t_get(gpu, got, go, qn * 4);
+    ecu_t_close("attention, contexts 4096 / 4097 / 9000", got, ref, qn, 2e-5);
+    gpu->free(gpu, gk), gpu->free(gpu, gv), gpu->free(gpu, gq), gpu->free(gpu, go);
     free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref), free(got);
 }
 

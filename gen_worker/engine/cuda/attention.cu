@@ -21,9 +21,9 @@
     kernel reads its tile, context and block-table entry before the PDL wait (the plan is
     uploaded before a step's first kernel), issues its whole K row (fp8) before staging q, and
     a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
-    combine runs a warp per (token, head), each split's weight computed once by one lane (a
-    block per (token, head) with the weights in shared memory: ANVIL_CUDA_ATTN_COMBINE=block,
-    the A/B). Decode tiles of bf16 / fp8
+    combine runs a warp per (token, head), each split's weight computed once by one lane, and
+    also writes its output rounded for the O projection (its rounded twin, matmul.cu). Decode
+    tiles of bf16 / fp8
     KV with 4 or 8 query heads a KV head run a tensor-core kernel instead (st->attn_mma, off
     with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same tiles and partials;
     it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0.
@@ -31,7 +31,9 @@
     default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
     256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a
     token merging its partials instead of the combine kernel (x0.91 to x0.97); each lane asking
-    L2 for its K and V rows before the PDL wait (x1.000 at batch 1 on the H100).
+    L2 for its K and V rows before the PDL wait (x1.000 at batch 1 on the H100); the combine
+    a block per (token, head) (x0.998 at batch 16, x0.993 at 256, x0.995 at 256 x 2k fp8 on
+    the H100, against the warp combine).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -433,49 +435,6 @@ static __device__ __forceinline__ void s_warps_merge(const float (&wm)[ECU_ATTN_
     part_o[pi * hd + d] = acc;
     if (d == 0)
         part_ml[pi] = make_float2(mx, sum);
-}
-
-#define ECU_ATTN_CHUNK 128 /* splits whose weights the combine holds in shared memory at once */
-
-/* The merge of token t's partials for head h by one block (blockDim.x = head_dim, a multiple
-   of 32; thread d owns dimension d): the max over the token's splits, then each chunk of
-   splits' weights exp(m_i - max) once into shared memory (not once per dimension), the
-   weighted partials summed in split order and normalised by the sum of l_i * weight_i (a
-   block sum: fixed order for a given number of splits). The partials are read through L2
-   (__ldcg): the fused decode (s_decode_combine) reads what other blocks of its own kernel
-   wrote. */
-static __device__ __forceinline__ void s_combine_head(float *out, const float *part_o,
-                                                      const float2 *part_ml, int base, int ns,
-                                                      int t, int h, int n_head, int head_dim,
-                                                      float *wt, float *red, void *low, int kind)
-{
-    const int d = threadIdx.x;
-    float mx = -INFINITY;
-    for (int i = d; i < ns; i += blockDim.x)
-        mx = fmaxf(mx, __ldcg(&part_ml[(size_t)(base + i) * n_head + h]).x);
-    mx = ecu_block_max(mx, red);
-    float sum = 0.0f, acc = 0.0f;
-    for (int c0 = 0; c0 < ns; c0 += ECU_ATTN_CHUNK) {
-        const int nc = min(ECU_ATTN_CHUNK, ns - c0);
-        __syncthreads(); /* the previous chunk's weights are used up */
-        for (int i = d; i < nc; i += blockDim.x) {
-            const float2 ml = __ldcg(&part_ml[(size_t)(base + c0 + i) * n_head + h]);
-            const float w = ml.x == -INFINITY ? 0.0f : __expf(ml.x - mx);
-            wt[i] = w;
-            sum += ml.y * w;
-        }
-        __syncthreads();
-        const float *po = part_o + ((size_t)(base + c0) * n_head + h) * head_dim + d;
-        const size_t stride = (size_t)n_head * head_dim;
-#pragma unroll 4
-        for (int i = 0; i < nc; i++)
-            acc += __ldcg(po + i * stride) * wt[i];
-    }
-    sum = ecu_block_sum(sum, red);
-    const size_t i = ((size_t)t * n_head + h) * head_dim + d;
-    const float v = sum > 0.0f ? acc / sum : 0.0f;
-    out[i] = v;
-    ecu_twin_store(low, kind, i, v);
 }
 
 /* A decode item (a tile and a KV head) as a lane sees it: the token, split, keys of its warp
@@ -944,29 +903,15 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     }
 }
 
-/* One block (blockDim.x = head_dim) per (token, head): s_combine_head. */
-static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f32 */,
-                                             const float *part_o /* (n_parts, n_head, hd) */,
-                                             const float2 *part_ml /* (n_parts, n_head) */,
-                                             const int *tok_part, const int *tok_nsplit,
-                                             int n_head, int head_dim,
-                                             void *low /* out's rounded twin or NULL */, int kind)
-{
-    __shared__ float wt[ECU_ATTN_CHUNK], red[32];
-    ecu_pdl_trigger();
-    const int t = blockIdx.x, h = blockIdx.y;
-    const int base = tok_part[t], ns = tok_nsplit[t];
-    ecu_pdl_wait();
-    s_combine_head(out, part_o, part_ml, base, ns, t, h, n_head, head_dim, wt, red, low, kind);
-}
-
-/* The combine with a warp per (token, head), four heads a block (st->attn_combine_warp, the
-   default; ANVIL_CUDA_ATTN_COMBINE=block is the kernel above): lane i holds split i's weight
-   (32 splits a round, 4096 positions), a lane owns HD / 32 dimensions and reads them in one
-   8- or 16-byte load a split, the weighted partials summed in split order as above, every
-   lane's load of the round issued before the first is used; no shared memory and no block
-   barrier. Up to 32 splits (4096 positions) the same bits as the block kernel (the sum of
-   l_i * weight_i is the same butterfly); above it the l sums add in another order. */
+/* The merge of token t's partials for head h, a warp per (token, head), four heads a block:
+   the max over the token's splits, each split's weight exp(m_i - max) computed once by one
+   lane (lane i holds split i of a round of 32, 4096 positions), the weighted partials summed
+   in split order (a lane owns HD / 32 dimensions and reads them in one 8- or 16-byte load a
+   split, every load of a round issued before the first is used), normalised by the sum of
+   l_i * weight_i (a warp sum: a fixed order for a given number of splits). No shared memory,
+   no block barrier. Partials are read through L2 (__ldcg). It replaced a block per (token,
+   head) holding the weights in shared memory (the same bits up to 32 splits): on the H100
+   (2026-12-05, graphs) +0.2 % at batch 16, +0.7 % at batch 256, +0.5 % at 256 x 2k fp8. */
 template <int HD>
 static __global__ void __launch_bounds__(128)
     s_attn_combine_warp_kernel(float *out /* (n_tok, n_head, HD) f32 */,
@@ -1170,16 +1115,12 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
     const float2 *pm = (const float2 *)st->part_ml.ptr;
     const dim3 gw(p->n_tok, (n_head + 3) / 4);
     const cudaError_t e =
-        !st->attn_combine_warp
-            ? ecu_launch(st, s_attn_combine_kernel, dim3(p->n_tok, n_head), dim3(head_dim), 0,
-                         out, po, pm, (const int *)p->tok_part, (const int *)p->tok_nsplit,
-                         n_head, head_dim, low, kind)
-        : head_dim == 64 ? ecu_launch(st, s_attn_combine_warp_kernel<64>, gw, dim3(128), 0, out,
-                                      po, pm, (const int *)p->tok_part,
-                                      (const int *)p->tok_nsplit, n_head, low, kind)
-                         : ecu_launch(st, s_attn_combine_warp_kernel<128>, gw, dim3(128), 0,
-                                      out, po, pm, (const int *)p->tok_part,
-                                      (const int *)p->tok_nsplit, n_head, low, kind);
+        head_dim == 64 ? ecu_launch(st, s_attn_combine_warp_kernel<64>, gw, dim3(128), 0, out, po,
+                                    pm, (const int *)p->tok_part, (const int *)p->tok_nsplit,
+                                    n_head, low, kind)
+                       : ecu_launch(st, s_attn_combine_warp_kernel<128>, gw, dim3(128), 0, out,
+                                    po, pm, (const int *)p->tok_part, (const int *)p->tok_nsplit,
+                                    n_head, low, kind);
     if (e != cudaSuccess)
         ecu_twin_drop(st);
     ECU_CHECK(e);

@@ -562,32 +562,12 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            next to each other (a position's cache row read at once; attention.cu; A/B) */
         const char *ak = getenv("ANVIL_CUDA_ATTN_KV_INNER");
         st->attn_kv_inner = ak && strcmp(ak, "1") == 0;
-        /* the attention's combine with a warp per (token, head); ANVIL_CUDA_ATTN_COMBINE=block
-           runs a block per (token, head) (attention.cu; A/B) */
-        const char *ac = getenv("ANVIL_CUDA_ATTN_COMBINE");
-        st->attn_combine_warp = !(ac && strcmp(ac, "block") == 0);
-        /* the norms read their weights before the PDL wait; ANVIL_CUDA_NORM_EARLY=0 after
-           the reduction (norm.cu; A/B) */
-        const char *ne = getenv("ANVIL_CUDA_NORM_EARLY");
-        st->norm_early = !(ne && strcmp(ne, "0") == 0);
         /* the ops that write a cuBLASLt product's input (SwiGLU in a composed gate|up linear,
            the attention's combine) also write it rounded, so the product does not round it
            again (ecu_twin_begin, matmul.cu); ANVIL_CUDA_TWIN=0 leaves the rounding to the
            product (A/B) */
         const char *tw = getenv("ANVIL_CUDA_TWIN");
         st->twin_on = !(tw && strcmp(tw, "0") == 0);
-        /* ANVIL_CUDA_LT_REDUCE=none|inplace|any: the split-K reductions cuBLASLt's heuristic
-           may choose (none: no split-K; inplace: the partial sums added in the output, in an
-           order its counters fix; any: the default, which adds a reduce kernel a product
-           when it splits; A/B) */
-        const char *lr = getenv("ANVIL_CUDA_LT_REDUCE");
-        st->lt_reduce = CUBLASLT_REDUCTION_SCHEME_MASK;
-        if (lr && strcmp(lr, "none") == 0)
-            st->lt_reduce = CUBLASLT_REDUCTION_SCHEME_NONE;
-        else if (lr && strcmp(lr, "inplace") == 0)
-            st->lt_reduce = CUBLASLT_REDUCTION_SCHEME_INPLACE;
-        else if (lr && strcmp(lr, "any") != 0)
-            ANV_WARN("cuda backend: ANVIL_CUDA_LT_REDUCE=%s ignored (none, inplace, any)", lr);
         /* ANVIL_CUDA_SAMPLE_LIST=0: the sampler's later passes read the whole row instead of
            the candidates compacted after two radix bytes (softmax.cu; A/B) */
         const char *sl = getenv("ANVIL_CUDA_SAMPLE_LIST");
@@ -641,22 +621,16 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->linear = ecu_linear;
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
-             "%s%s%s, norm weights %s, cuBLASLt split-K %s, rounded twins %s, decode attention %s%s%s, combine "
-             "%s a head, sampler %s%s",
+             "%s%s%s, rounded twins %s, decode attention %s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off", st->gemv_max,
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
              st->gemv_rope ? "" : ", rope apart",
              st->gemv_balance ? ", whole rounds" : ", every slot",
-             st->norm_early ? "early" : "late",
-             st->lt_reduce == CUBLASLT_REDUCTION_SCHEME_NONE      ? "off"
-             : st->lt_reduce == CUBLASLT_REDUCTION_SCHEME_INPLACE ? "in place"
-                                                                  : "any",
              st->twin_on ? "on" : "off",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",
-             st->attn_combine_warp ? "a warp" : "a block",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
                                       : "8 blocks a row",

@@ -133,11 +133,7 @@ typedef struct {
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
-    int attn_combine_warp;      /* the combine a warp per (token, head) (attention.cu; default) */
-    int norm_early;             /* norms read their weights before the PDL wait (norm.cu; A/B) */
     int twin_on;                /* producers write rounded twins (ecu_twin_begin; default; A/B) */
-    uint32_t lt_reduce;         /* cuBLASLt split-K reduction schemes allowed (a
-                                   cublasLtReductionScheme_t mask; ANVIL_CUDA_LT_REDUCE, A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;

@@ -23,10 +23,13 @@
     i and i + head_dim/2 of a head for RoPE, then q written out and k, v stored in the paged
     caches; their angles come from a table computed once a step, ecu_rope_table in rope.cu). Larger
     batches compose the same ops from the other kernels (the norm writes the product's rounded
-    input itself, the residual add is cuBLASLt's beta). Measured on the H200 and removed
-    (graphs tok/s at batch 1 against the default): a cp.async ring GEMV on a persistent grid
-    (x0.875), the norm folded into W at batch 1 too (x0.916), a successor prefetch (the last
-    resident wave bulk-prefetching the next product's first 16 MB into L2, x0.979), timing
+    input itself, the residual add is cuBLASLt's beta; SwiGLU and the attention's combine write
+    their output rounded too, a rounded twin in xconv that the next product reads when the
+    caller says x_from_prev: ecu_twin_begin; on the H100, 2026-12-05, graphs: +1.1 % at batch
+    4, 16 and 64, +0.8 % at 256, +0.5 % at 256 x 2k fp8; ANVIL_CUDA_TWIN=0 is the A/B).
+    Measured on the H200 and removed (graphs tok/s at batch 1 against the default): a cp.async
+    ring GEMV on a persistent grid (x0.875), the norm folded into W at batch 1 too (x0.916), a
+    successor prefetch (the last resident wave bulk-prefetching the next product's first 16 MB into L2, x0.979), timing
     cuBLASLt's first 8 candidates per decode shape (x0.987 at batch 256); and (2026-12-05,
     `anvil-bench-engine --linear 1 --linear-sweep` for each product on its own, then whole
     steps) stream variants that issue 4, 8 or 16 predicated loads a chunk (x0.947, x0.863,
@@ -35,7 +38,9 @@
     and on the H100 (later that day, the same tools): each warp of a persistent grid asking L2
     for its row segment a group ahead (cp.async.bulk.prefetch.L2; x0.870, gate|up 0.96 -> 0.80
     of copy) and the batch-1 rope GEMV held to 3 blocks an SM by its launch bounds (28 bytes
-    spilled; x0.981).
+    spilled; x0.981); and cuBLASLt's split-K reductions restricted by the preference's
+    reduction-scheme mask (none: x0.417 at batch 4, x0.444 at 16, x1.005 / x1.013 at 64, x1.001
+    at 256; in place: x0.998 at 4, x1.000 at 16).
 */
 #include "eng_cuda_internal.h"
 
@@ -670,8 +675,6 @@ static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_
         if (cublasLtMatmulPreferenceCreate(&pref) ||
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                  &ws, sizeof(ws)) ||
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                 &st->lt_reduce, sizeof(st->lt_reduce)) ||
             cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, 1, &res, &found) ||
             found == 0) {
             ANV_ERROR("cublasLt: no algorithm for a %dx%dx%d %s product", out_dim, n, in_dim,

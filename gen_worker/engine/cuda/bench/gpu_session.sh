@@ -58,11 +58,11 @@
 #   bench_kvi    bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_KV_INNER=1: the
 #                A/B against bench_kvs's
 #   bench_ab     every A/B switch (the GEMV's rope apart, segments, every slot and cuBLASLt
-#                at batch 1, the GEMV up to 8 rows at batch 4, no rounded twins and cuBLASLt's
-#                split-K reductions at 4 to 256, the block combine, the sampler's whole-row
-#                passes, KV heads inner, V with K) against the default, in short runs: batch
-#                1, 4, 16, 64, 256, batch 256 x 2k bf16 and fp8 (the default first and last
-#                in each group); ~7 minutes; ANVIL_AB_RUNS replaces the list
+#                at batch 1, the GEMV up to 8 rows at batch 4, no rounded twins at 4 to 256 and
+#                2k, the sampler's whole-row passes, KV heads inner, V with K) against the
+#                default, in short runs: batch 1, 4, 16, 64, 256, batch 256 x 2k bf16 and fp8
+#                (the default first and last in each group); ~6 minutes; ANVIL_AB_RUNS
+#                replaces the list
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -307,29 +307,21 @@ b1 -
 b4 -
 b4 ANVIL_CUDA_GEMV_MAX=8
 b4 ANVIL_CUDA_TWIN=0
-b4 ANVIL_CUDA_LT_REDUCE=none
-b4 ANVIL_CUDA_LT_REDUCE=inplace
 b4 -
 b16 -
 b16 ANVIL_CUDA_TWIN=0
-b16 ANVIL_CUDA_ATTN_COMBINE=block
-b16 ANVIL_CUDA_LT_REDUCE=none
-b16 ANVIL_CUDA_LT_REDUCE=inplace
 b16 -
 b64 -
 b64 ANVIL_CUDA_TWIN=0
-b64 ANVIL_CUDA_LT_REDUCE=none
 b64 -
 b256 -
 b256 ANVIL_CUDA_TWIN=0
-b256 ANVIL_CUDA_ATTN_COMBINE=block
 b256 ANVIL_CUDA_SAMPLE_LIST=0
 b256 ANVIL_CUDA_ATTN_KV_INNER=1
 b256 ANVIL_CUDA_ATTN_VLATE=0
 b256 -
 ctx16 -
 ctx16 ANVIL_CUDA_TWIN=0
-ctx16 ANVIL_CUDA_ATTN_COMBINE=block
 ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx16 ANVIL_CUDA_ATTN_VLATE=0
 ctx16 -
