@@ -29,8 +29,9 @@
     4, 16 and 64, +0.8 % at 256, +0.5 % at 256 x 2k fp8; ANVIL_CUDA_TWIN=0 is the A/B).
     Measured on the H200 and removed (graphs tok/s at batch 1 against the default): a cp.async
     ring GEMV on a persistent grid (x0.875), the norm folded into W at batch 1 too (x0.916), a
-    successor prefetch (the last resident wave bulk-prefetching the next product's first 16 MB into L2, x0.979), timing
-    cuBLASLt's first 8 candidates per decode shape (x0.987 at batch 256); and (2026-12-05,
+    successor prefetch (the last resident wave bulk-prefetching the next product's first 16
+    MB into L2, x0.979), timing cuBLASLt's first 8 candidates per decode shape (x0.987 at
+    batch 256); and (2026-12-05,
     `anvil-bench-engine --linear 1 --linear-sweep` for each product on its own, then whole
     steps) stream variants that issue 4, 8 or 16 predicated loads a chunk (x0.947, x0.863,
     x0.804) and a bulk-copy GEMV (a block an SM streaming its rows through 32 shared-memory
