@@ -11,6 +11,7 @@
 #include "cli_import.h"
 
 #include "anv_error.h"
+#include "anv_jsonl.h"
 #include "cli_util.h"
 
 #include <cjson/cJSON.h>
@@ -316,7 +317,7 @@ static int s_emit(FILE *out, const char *custom_id, const char *prompt, const ch
     cJSON_AddItemToObject(o, "task", task);
     if (!(text = cJSON_PrintUnformatted(o)))
         goto nomem;
-    if (cli_json_write_line(text, out) < 0) {
+    if (anv_jsonl_write(text, out) < 0) {
         snprintf(err, errlen, "cannot write the output: %s", strerror(errno));
         rc = -EIO;
     }

@@ -81,13 +81,7 @@ int cli_mkdir_p(const char *path);
 extern volatile sig_atomic_t cli_interrupted;
 void cli_signals_install(void);
 
-/* Writes the JSON text s and a newline to out with U+2028, U+2029 and U+0085 escaped (\u2028,
-   \u2029, \u0085): JSON allows them raw inside strings, but line splitters that follow
-   Unicode (Python's str.splitlines, JavaScript before ES2019) end a JSONL line at them, and
-   generated text holds them. s must be JSON (outside strings those bytes cannot occur).
-   Returns 0, or -1 when a write fails. */
-int cli_json_write_line(const char *s, FILE *out);
-/* Prints a cJSON document on one line to out (cli_json_write_line) and deletes it. */
+/* Prints a cJSON document on one line to out (anv_jsonl_write) and deletes it. */
 void cli_json_print(cJSON *doc, FILE *out);
 /* "1h02m", "3m07s", "12s" */
 void cli_fmt_duration(double seconds, char *buf, size_t len);

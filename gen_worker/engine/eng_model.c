@@ -616,6 +616,7 @@ static int s_ops_linear(eng_model_t *self, const eng_forward_t *b)
                             c->n_heads, c->n_kv_heads, c->head_dim, self->block_size));
         eng_linear_t add = f;
         add.epi = ENG_LIN_ADD;
+        add.x_from_prev = 1; /* O reads the attention's out, down the gate|up linear's */
         S_TRY(be->linear(be, self->x, self->att, L->wo.p, NULL, L->wo.dt, n, Q, H, &add));
         eng_linear_t gu = f;
         gu.norm_w = L->post_norm.p, gu.norm_dtype = L->post_norm.dt, gu.epi = ENG_LIN_SWIGLU;

@@ -105,6 +105,11 @@ typedef struct {
     const int32_t *pos, *slots;    /* (n) host */
     int n_head, n_kv_head, head_dim;
     float theta;
+    /* 1 when x is the output of the op called just before this one on the same backend (a
+       linear's out or attention's out), untouched since: a backend that kept that output
+       already rounded for its product (the CUDA backend's rounded twin) may read the
+       rounded copy instead of rounding x again; the result is the same. 0 otherwise. */
+    int x_from_prev;
 } eng_linear_t;
 
 typedef struct eng_backend eng_backend_t;

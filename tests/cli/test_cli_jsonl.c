@@ -4,11 +4,12 @@
     reader: valid Anvil and OpenAI Batch lines, every class of malformed line (the error must
     name the line and the reason), duplicate ids, mixed formats, oversize lines, a rewind for
     the second pass and a file that changes between the passes. The JSONL writer
-    (cli_json_write_line) escapes the Unicode line separators, and its lines read back the same.
+    (anv_jsonl_write) escapes the Unicode line separators, and its lines read back the same.
 */
 #include "cli_jsonl.h"
 
 #include "anv_error.h"
+#include "anv_jsonl.h"
 #include "cli_util.h"
 
 #include <setjmp.h>
@@ -398,8 +399,8 @@ static void test_writer_escapes_line_separators(void **state)
     snprintf(path, sizeof path, "%s/w.jsonl", s_dir);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
-    assert_int_equal(cli_json_write_line(json, f), 0);
-    assert_int_equal(cli_json_write_line("{\"prompt\": \"\xe2\x80\xa8\"}", f), 0);
+    assert_int_equal(anv_jsonl_write(json, f), 0);
+    assert_int_equal(anv_jsonl_write("{\"prompt\": \"\xe2\x80\xa8\"}", f), 0);
     fclose(f);
     free(json);
     cJSON_Delete(o);

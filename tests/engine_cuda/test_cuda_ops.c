@@ -10,7 +10,10 @@
     composition of the separate ops, also with the GEMV taking up to 8 rows (1 by default) and
     its column segments fixed at 1, 2, 4 and 8. 64 decodes at once (more decode items than the
     GPU holds blocks) run on the default decode grid, with the KV heads inner and with V loaded
-    with K, each against the CPU and the last two bit for bit against the first. Sampling is
+    with K, each against the CPU and the last two bit for bit against the first; decodes of 32
+    to 71 splits test the combine's rounds of 32 splits. The
+    rounded twins (SwiGLU's and the combine's output rounded for the next cuBLASLt product)
+    are held to the same bits as the product's own rounding (test_twins). Sampling is
     checked for greedy exactness, logprobs, truncation sets, seed determinism, batch invariance
     and the empirical distribution over many seeds, for the default sampler (blocks a row by
     batch), each fixed one (one block a row, a cluster of 8 blocks a row:
@@ -397,6 +400,33 @@ static void test_attention_decodes(eng_dtype_t kv)
     free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
 }
 
+/* Decodes over more than 32 splits (4096 positions): the combine's warp takes its splits in
+   rounds of 32. Contexts 4096, 4097 and 9000 (32, 33 and 71 splits) against the CPU. */
+static void test_attention_long(void)
+{
+    enum { NS = 3 };
+    const int hd = 128, nh = 32, nkv = 8, bs = 16, mb = 563, nb = NS * mb;
+    int32_t q_start[NS + 1] = {0, 1, 2, 3}, ctx[NS] = {4096, 4097, 9000};
+    int32_t *tables = malloc((size_t)nb * 4);
+    for (int i = 0; i < nb; i++)
+        tables[i] = (i * 11 + 5) % nb;
+    size_t pool = (size_t)nb * bs * nkv * hd, qn = (size_t)NS * nh * hd;
+    float *ck, *cv;
+    void *hk, *hv;
+    s_kv_fill(ENG_DTYPE_BF16, pool, &hk, &hv, &ck, &cv);
+    float *q = s_rand(qn, 1.0f), *ref = malloc(qn * 4), *got = malloc(qn * 4);
+    eng_attn_batch_t b = {NS, q_start, ctx, tables, mb};
+    cpu->attention(cpu, ref, q, ck, cv, &b, nh, nkv, hd, bs);
+    void *gk = ecu_t_put(gpu, hk, pool * 2), *gv = ecu_t_put(gpu, hv, pool * 2);
+    float *gq = ecu_t_put(gpu, q, qn * 4), *go = gpu->alloc(gpu, qn * 4);
+    int rc = gpu->attention(gpu, go, gq, gk, gv, &b, nh, nkv, hd, bs);
+    ecu_t_check(rc == 0, "attention over 32 to 71 splits returns 0");
+    ecu_t_get(gpu, got, go, qn * 4);
+    ecu_t_close("attention, contexts 4096 / 4097 / 9000", got, ref, qn, 2e-5);
+    gpu->free(gpu, gk), gpu->free(gpu, gv), gpu->free(gpu, gq), gpu->free(gpu, go);
+    free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref), free(got);
+}
+
 /* test_linear_segs' tag for the check names */
 static const char *s_lin_tag = "";
 
@@ -560,6 +590,173 @@ static void test_linears_gemv8(void)
     ecu_t_check(eng_cuda_gemv_rows(gpu, 9) == -EINVAL && eng_cuda_gemv_rows(cpu, 1) == -EINVAL &&
                     eng_cuda_gemv_rows(gpu, -1) == def,
                 "eng_cuda_gemv_rows refuses 9 and the CPU backend, and keeps its value");
+}
+
+/* One layer's two consumer pairs on backend be (weights dt, 16 rows: cuBLASLt), result in
+   res (n, H) downloaded: x -> gate|up linear (norm, SwiGLU) -> down linear (residual add)
+   and q -> attention -> O linear (residual add), the consumers told x_from_prev = prev.
+   mode 1 breaks the promise between producer and consumer (the producer's out is zeroed
+   behind the backend's back), mode 2 gives the consumer another buffer of zeros. */
+typedef struct {
+    int n, H, F, nh, nkv, hd, bs, mb;
+    void *wgu, *wd, *wo, *g, *kc, *vc;
+    float *x, *res0, *q;
+    int32_t *q_start, *ctx, *tables;
+} s_twin_case_t;
+
+static void s_twin_run(eng_backend_t *be,
+                       const s_twin_case_t *c,
+                       eng_dtype_t dt,
+                       int prev,
+                       int mode,
+                       float *res_mlp,
+                       float *res_att)
+{
+    const int n = c->n, H = c->H, F = c->F, Q = c->nh * c->hd;
+    float *gres = ecu_t_put(be, c->res0, (size_t)n * H * 4),
+          *gx = ecu_t_put(be, c->x, (size_t)n * H * 4);
+    float *gate = be->alloc(be, (size_t)n * F * 4), *att = be->alloc(be, (size_t)n * Q * 4);
+    float *zeros = calloc((size_t)n * (F > Q ? F : Q), 4);
+    float *other = ecu_t_put(be, zeros, (size_t)n * (F > Q ? F : Q) * 4);
+    float *gq = ecu_t_put(be, c->q, (size_t)n * Q * 4);
+    eng_linear_t gu = {0}, add = {0};
+    gu.norm_w = c->g, gu.norm_dtype = dt, gu.eps = 1e-6f, gu.epi = ENG_LIN_SWIGLU;
+    add.epi = ENG_LIN_ADD, add.x_from_prev = prev;
+    int rc = be->linear(be, gate, gx, c->wgu, NULL, dt, n, H, 2 * F, &gu);
+    if (mode == 1)
+        rc |= be->upload(be, gate, zeros, (size_t)n * F * 4);
+    rc |= be->linear(be, gres, mode == 2 ? other : gate, c->wd, NULL, dt, n, F, H, &add);
+    ecu_t_get(be, res_mlp, gres, (size_t)n * H * 4);
+    rc |= be->upload(be, gres, c->res0, (size_t)n * H * 4);
+    eng_attn_batch_t b = {n, c->q_start, c->ctx, c->tables, c->mb};
+    rc |= be->attention(be, att, gq, c->kc, c->vc, &b, c->nh, c->nkv, c->hd, c->bs);
+    if (mode == 1)
+        rc |= be->upload(be, att, zeros, (size_t)n * Q * 4);
+    rc |= be->linear(be, gres, mode == 2 ? other : att, c->wo, NULL, dt, n, Q, H, &add);
+    ecu_t_get(be, res_att, gres, (size_t)n * H * 4);
+    ecu_t_check(rc == 0, "twin pair ops return 0");
+    be->free(be, gres), be->free(be, gx), be->free(be, gate), be->free(be, att);
+    be->free(be, other), be->free(be, gq);
+    free(zeros);
+}
+
+/* Rounded twins (ecu_twin_begin): in a linear composed on cuBLASLt, SwiGLU also writes its
+   output rounded for the down projection, and the attention's combine for the O projection,
+   which read it when told x_from_prev. Checked for bf16 and f16 weights on 16 decodes:
+   - x_from_prev 1 and 0 give the same bits (the twin is the rounding the product would do),
+     and both stay within the CPU composition's bound;
+   - with the producer's output zeroed between the two ops (a broken promise, only to observe
+     which copy the product read), x_from_prev 1 still gives those bits (it read the twin),
+     x_from_prev 0 gives the residual untouched, and so does a backend with
+     ANVIL_CUDA_TWIN=0 even with x_from_prev 1;
+   - a consumer given another buffer (zeros) with x_from_prev 1 ignores the twin. */
+static void test_twins(eng_dtype_t dt)
+{
+    enum { N = 16 };
+    s_twin_case_t c = {.n = N, .H = 512, .F = 768, .nh = 8, .nkv = 2, .hd = 64, .bs = 16, .mb = 8};
+    const int H = c.H, F = c.F, Q = c.nh * c.hd;
+    size_t es = eng_dtype_size(dt), pool = (size_t)N * c.mb * c.bs * c.nkv * c.hd;
+    char *was = s_env_swap("ANVIL_CUDA_TWIN", "0");
+    eng_backend_t *off = eng_cuda_backend_new_kv(ENG_DTYPE_BF16);
+    free(s_env_swap("ANVIL_CUDA_TWIN", was));
+    free(was);
+    ecu_t_check(off != NULL, "a backend with ANVIL_CUDA_TWIN=0");
+    if (!off)
+        return;
+    eng_backend_t *bes[2] = {gpu, off};
+    float *wgu = s_rand((size_t)2 * F * H, 0.05f), *wd = s_rand((size_t)H * F, 0.05f);
+    float *wo = s_rand((size_t)H * Q, 0.05f), *g = s_rand(H, 0.5f);
+    for (int i = 0; i < H; i++)
+        g[i] += 1.0f;
+    float *r_gu = malloc((size_t)2 * F * H * 4), *r_d = malloc((size_t)H * F * 4);
+    float *r_o = malloc((size_t)H * Q * 4), *r_g = malloc(H * 4);
+    void *h_gu = s_weights(wgu, (size_t)2 * F * H, dt, r_gu),
+         *h_d = s_weights(wd, (size_t)H * F, dt, r_d);
+    void *h_o = s_weights(wo, (size_t)H * Q, dt, r_o), *h_g = s_weights(g, H, dt, r_g);
+    int32_t q_start[N + 1], ctx[N], *tables = malloc((size_t)N * c.mb * 4);
+    for (int s = 0; s <= N; s++)
+        q_start[s] = s;
+    for (int s = 0; s < N; s++)
+        ctx[s] = 1 + s * 37 % (c.mb * c.bs);
+    for (int i = 0; i < N * c.mb; i++)
+        tables[i] = (i * 7 + 3) % (N * c.mb);
+    float *ck, *cv;
+    void *hk, *hv;
+    s_kv_fill(ENG_DTYPE_BF16, pool, &hk, &hv, &ck, &cv);
+    c.x = s_rand((size_t)N * H, 2.0f), c.res0 = s_rand((size_t)N * H, 1.0f);
+    c.q = s_rand((size_t)N * Q, 1.0f), c.q_start = q_start, c.ctx = ctx, c.tables = tables;
+    /* the CPU's composition */
+    float *gate = malloc((size_t)N * F * 4), *att = malloc((size_t)N * Q * 4);
+    float *ref_mlp = malloc((size_t)N * H * 4), *ref_att = malloc((size_t)N * H * 4);
+    memcpy(ref_mlp, c.res0, (size_t)N * H * 4), memcpy(ref_att, c.res0, (size_t)N * H * 4);
+    eng_linear_t gu = {0}, add = {0};
+    gu.norm_w = h_g, gu.norm_dtype = dt, gu.eps = 1e-6f, gu.epi = ENG_LIN_SWIGLU;
+    add.epi = ENG_LIN_ADD;
+    eng_attn_batch_t b = {N, q_start, ctx, tables, c.mb};
+    int rc = cpu->linear(cpu, gate, c.x, h_gu, NULL, dt, N, H, 2 * F, &gu);
+    rc |= cpu->linear(cpu, ref_mlp, gate, h_d, NULL, dt, N, F, H, &add);
+    rc |= cpu->attention(cpu, att, c.q, ck, cv, &b, c.nh, c.nkv, c.hd, c.bs);
+    rc |= cpu->linear(cpu, ref_att, att, h_o, NULL, dt, N, Q, H, &add);
+    ecu_t_check(rc == 0, "twin pairs on the CPU");
+    size_t rn = (size_t)N * H * 4;
+    float *out[2][3][2]; /* backend, run (prev 1, prev 0, broken prev 1), pair */
+    for (int k = 0; k < 2; k++) {
+        eng_backend_t *be = bes[k];
+        c.wgu = ecu_t_put(be, h_gu, (size_t)2 * F * H * es),
+        c.wd = ecu_t_put(be, h_d, (size_t)H * F * es);
+        c.wo = ecu_t_put(be, h_o, (size_t)H * Q * es), c.g = ecu_t_put(be, h_g, H * es);
+        c.kc = ecu_t_put(be, hk, pool * 2), c.vc = ecu_t_put(be, hv, pool * 2);
+        for (int r = 0; r < 3; r++) {
+            out[k][r][0] = malloc(rn), out[k][r][1] = malloc(rn);
+            s_twin_run(be, &c, dt, r != 1, r == 2, out[k][r][0], out[k][r][1]);
+        }
+        float *oth[2] = {malloc(rn), malloc(rn)};
+        s_twin_run(be, &c, dt, 1, 2, oth[0], oth[1]);
+        char name[160];
+        for (int pr = 0; pr < 2; pr++) {
+            const char *pn = pr ? "attention -> O" : "swiglu -> down";
+            snprintf(name, sizeof(name), "twin %s %s%s: against the CPU", pn, eng_dtype_name(dt),
+                     k ? " (twins off)" : "");
+            ecu_t_close(name, out[k][0][pr], pr ? ref_att : ref_mlp, (size_t)N * H,
+                        dt == ENG_DTYPE_BF16 ? 1e-2 : 2e-3);
+            snprintf(name, sizeof(name), "twin %s %s%s: x_from_prev 1 and 0 the same bits", pn,
+                     eng_dtype_name(dt), k ? " (twins off)" : "");
+            ecu_t_check(memcmp(out[k][0][pr], out[k][1][pr], rn) == 0, name);
+            snprintf(name, sizeof(name), "twin %s %s%s: out zeroed behind its back -> %s", pn,
+                     eng_dtype_name(dt), k ? " (twins off)" : "",
+                     k ? "the residual untouched" : "the twin's product");
+            ecu_t_check(memcmp(out[k][2][pr], k ? c.res0 : out[k][0][pr], rn) == 0, name);
+            snprintf(name, sizeof(name), "twin %s %s%s: another buffer ignores the twin", pn,
+                     eng_dtype_name(dt), k ? " (twins off)" : "");
+            ecu_t_check(memcmp(oth[pr], c.res0, rn) == 0, name);
+        }
+        free(oth[0]), free(oth[1]);
+        be->free(be, c.wgu), be->free(be, c.wd), be->free(be, c.wo), be->free(be, c.g);
+        be->free(be, c.kc), be->free(be, c.vc);
+    }
+    /* the broken promise without the twin: x_from_prev 0 reads the zeros */
+    float *z[2] = {malloc(rn), malloc(rn)};
+    c.wgu = ecu_t_put(gpu, h_gu, (size_t)2 * F * H * es),
+    c.wd = ecu_t_put(gpu, h_d, (size_t)H * F * es);
+    c.wo = ecu_t_put(gpu, h_o, (size_t)H * Q * es), c.g = ecu_t_put(gpu, h_g, H * es);
+    c.kc = ecu_t_put(gpu, hk, pool * 2), c.vc = ecu_t_put(gpu, hv, pool * 2);
+    s_twin_run(gpu, &c, dt, 0, 1, z[0], z[1]);
+    ecu_t_check(memcmp(z[0], c.res0, rn) == 0 && memcmp(z[1], c.res0, rn) == 0,
+                "twin: out zeroed, x_from_prev 0 -> the residual untouched");
+    ecu_t_check(memcmp(out[0][0][0], out[1][0][0], rn) == 0 &&
+                    memcmp(out[0][0][1], out[1][0][1], rn) == 0,
+                "twin: twins on and off give the same bits");
+    gpu->free(gpu, c.wgu), gpu->free(gpu, c.wd), gpu->free(gpu, c.wo), gpu->free(gpu, c.g);
+    gpu->free(gpu, c.kc), gpu->free(gpu, c.vc);
+    free(z[0]), free(z[1]);
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < 3; r++)
+            free(out[k][r][0]), free(out[k][r][1]);
+    off->destroy(&off);
+    free(wgu), free(wd), free(wo), free(g), free(r_gu), free(r_d), free(r_o), free(r_g);
+    free(h_gu), free(h_d), free(h_o), free(h_g), free(tables), free(ck), free(cv), free(hk);
+    free(hv), free(c.x), free(c.res0), free(c.q), free(gate), free(att), free(ref_mlp);
+    free(ref_att);
 }
 
 /* swiglu and the stacked swiglu_fused: ffn 1000 takes the 4-a-thread kernel, 1002 the
@@ -875,6 +1072,7 @@ int main(int argc, char **argv)
     test_attention(gpu32, 64, 28, 4);
     test_attention(gpu8, 128, 32, 8);
     test_attention(gpu8, 64, 28, 4);
+    test_attention_long();
     /* the FMA decode kernel (ANVIL_CUDA_ATTN_MMA=0; the backends above run the tensor-core one
        where it applies): bf16 and fp8 KV, 4 and 8 query heads a KV head, head_dim 128 and 64,
        and 7 a KV head (the FMA kernel either way) */
@@ -901,6 +1099,8 @@ int main(int argc, char **argv)
     test_linears();
     test_linears_gemv8();
     test_linear_segs();
+    test_twins(ENG_DTYPE_BF16);
+    test_twins(ENG_DTYPE_F16);
     test_softmax_sample(gpu, "blocks a row by batch (the default)");
     s_sample_timing(gpu, "blocks a row by batch (the default)");
     /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), and the default without its

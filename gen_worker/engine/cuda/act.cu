@@ -6,7 +6,10 @@
     ffn % 4 == 0 and the rows are 16-byte aligned (the engine's case) a thread takes 4
     elements with 16-byte loads and one 32-bit division for the row (was a 64-bit division
     and 4-byte accesses an element: 17.9 us a layer for 44 MB at batch 256 on the H200, 1.7
-    TB/s). The same arithmetic an element either way.
+    TB/s). The same arithmetic an element either way. Inside a linear composed on cuBLASLt the
+    stacked form also writes each value rounded to the weights' dtype (the down projection's
+    input, its rounded twin: ecu_twin_begin in matmul.cu), which spares the down projection
+    a rounding kernel that read the output again.
 */
 #include "eng_cuda_internal.h"
 
@@ -25,7 +28,8 @@ static __global__ void s_swiglu_kernel(float *out /* (n, ffn) f32 */,
 
 static __global__ void s_swiglu_fused_kernel(float *out /* (n, ffn) f32 */,
                                              const float *gu /* (n, 2 ffn) f32 */, int ffn,
-                                             size_t total)
+                                             size_t total, void *low /* (n, ffn) or NULL */,
+                                             int kind /* ECU_TWIN_* */)
 {
     ecu_pdl_trigger(); /* elementwise: the down projection may start fetching its weights */
     ecu_pdl_wait();
@@ -33,14 +37,17 @@ static __global__ void s_swiglu_fused_kernel(float *out /* (n, ffn) f32 */,
          i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / ffn, c = i % ffn;
         float g = gu[r * 2 * ffn + c], u = gu[r * 2 * ffn + ffn + c];
-        out[i] = g / (1.0f + expf(-g)) * u;
+        const float v = g / (1.0f + expf(-g)) * u;
+        out[i] = v;
+        ecu_twin_store(low, kind, i, v);
     }
 }
 
 /* the stacked form, 4 elements a thread: ffn4 = ffn / 4, total4 = n * ffn4 < 2^31 */
 static __global__ void s_swiglu_fused4_kernel(float4 *out /* (n, ffn4) */,
                                               const float4 *gu /* (n, 2 ffn4) */, unsigned ffn4,
-                                              unsigned total4)
+                                              unsigned total4, void *low /* (n, 4 ffn4) */,
+                                              int kind /* ECU_TWIN_* */)
 {
     ecu_pdl_trigger();
     ecu_pdl_wait();
@@ -48,8 +55,11 @@ static __global__ void s_swiglu_fused4_kernel(float4 *out /* (n, ffn4) */,
          i += gridDim.x * blockDim.x) {
         const unsigned r = i / ffn4, c = i - r * ffn4;
         const float4 g = gu[(size_t)r * 2 * ffn4 + c], u = gu[(size_t)r * 2 * ffn4 + ffn4 + c];
-        out[i] = make_float4(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
-                             g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
+        const float4 v =
+            make_float4(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
+                        g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
+        out[i] = v;
+        ecu_twin_store4(low, kind, i, v);
     }
 }
 
@@ -71,9 +81,9 @@ extern "C" int ecu_swiglu(eng_backend_t *be, float *out, const float *gate, cons
     return 0;
 }
 
-extern "C" int ecu_swiglu_fused(eng_backend_t *be, float *out, const float *gu, int n, int ffn)
+int ecu_swiglu_fused_twin(ecu_state_t *st, float *out, const float *gu, int n, int ffn,
+                          void *low, int kind)
 {
-    ecu_state_t *st = ecu_st(be);
     if (!out || !gu || n <= 0 || ffn <= 0 || out == gu)
         return -EINVAL;
     size_t total = (size_t)n * ffn;
@@ -81,10 +91,17 @@ extern "C" int ecu_swiglu_fused(eng_backend_t *be, float *out, const float *gu, 
         total / 4 < 0x7fffffffu) { /* the unsigned grid stride cannot wrap */
         ECU_CHECK(ecu_launch(st, s_swiglu_fused4_kernel, dim3(s_grid(st, total / 4)), dim3(256),
                              0, (float4 *)out, (const float4 *)gu, (unsigned)(ffn / 4),
-                             (unsigned)(total / 4)));
+                             (unsigned)(total / 4), low, kind));
         return 0;
     }
     ECU_CHECK(ecu_launch(st, s_swiglu_fused_kernel, dim3(s_grid(st, total)), dim3(256), 0, out,
-                         gu, ffn, total));
+                         gu, ffn, total, low, kind));
     return 0;
+}
+
+extern "C" int ecu_swiglu_fused(eng_backend_t *be, float *out, const float *gu, int n, int ffn)
+{
+    ecu_state_t *st = ecu_st(be);
+    ecu_twin_drop(st);
+    return ecu_swiglu_fused_twin(st, out, gu, n, ffn, NULL, ECU_TWIN_NONE);
 }

@@ -21,7 +21,9 @@
     kernel reads its tile, context and block-table entry before the PDL wait (the plan is
     uploaded before a step's first kernel), issues its whole K row (fp8) before staging q, and
     a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
-    combine computes each split's weight once into shared memory. Decode tiles of bf16 / fp8
+    combine runs a warp per (token, head), each split's weight computed once by one lane, and
+    also writes its output rounded for the O projection (its rounded twin, matmul.cu). Decode
+    tiles of bf16 / fp8
     KV with 4 or 8 query heads a KV head run a tensor-core kernel instead (st->attn_mma, off
     with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same tiles and partials;
     it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0.
@@ -29,7 +31,9 @@
     default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
     256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a
     token merging its partials instead of the combine kernel (x0.91 to x0.97); each lane asking
-    L2 for its K and V rows before the PDL wait (x1.000 at batch 1 on the H100).
+    L2 for its K and V rows before the PDL wait (x1.000 at batch 1 on the H100); the combine
+    a block per (token, head) (x0.998 at batch 16, x0.993 at 256, x0.995 at 256 x 2k fp8 on
+    the H100, against the warp combine).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -431,46 +435,6 @@ static __device__ __forceinline__ void s_warps_merge(const float (&wm)[ECU_ATTN_
     part_o[pi * hd + d] = acc;
     if (d == 0)
         part_ml[pi] = make_float2(mx, sum);
-}
-
-#define ECU_ATTN_CHUNK 128 /* splits whose weights the combine holds in shared memory at once */
-
-/* The merge of token t's partials for head h by one block (blockDim.x = head_dim, a multiple
-   of 32; thread d owns dimension d): the max over the token's splits, then each chunk of
-   splits' weights exp(m_i - max) once into shared memory (not once per dimension), the
-   weighted partials summed in split order and normalised by the sum of l_i * weight_i (a
-   block sum: fixed order for a given number of splits). The partials are read through L2
-   (__ldcg): the fused decode (s_decode_combine) reads what other blocks of its own kernel
-   wrote. */
-static __device__ __forceinline__ void s_combine_head(float *out, const float *part_o,
-                                                      const float2 *part_ml, int base, int ns,
-                                                      int t, int h, int n_head, int head_dim,
-                                                      float *wt, float *red)
-{
-    const int d = threadIdx.x;
-    float mx = -INFINITY;
-    for (int i = d; i < ns; i += blockDim.x)
-        mx = fmaxf(mx, __ldcg(&part_ml[(size_t)(base + i) * n_head + h]).x);
-    mx = ecu_block_max(mx, red);
-    float sum = 0.0f, acc = 0.0f;
-    for (int c0 = 0; c0 < ns; c0 += ECU_ATTN_CHUNK) {
-        const int nc = min(ECU_ATTN_CHUNK, ns - c0);
-        __syncthreads(); /* the previous chunk's weights are used up */
-        for (int i = d; i < nc; i += blockDim.x) {
-            const float2 ml = __ldcg(&part_ml[(size_t)(base + c0 + i) * n_head + h]);
-            const float w = ml.x == -INFINITY ? 0.0f : __expf(ml.x - mx);
-            wt[i] = w;
-            sum += ml.y * w;
-        }
-        __syncthreads();
-        const float *po = part_o + ((size_t)(base + c0) * n_head + h) * head_dim + d;
-        const size_t stride = (size_t)n_head * head_dim;
-#pragma unroll 4
-        for (int i = 0; i < nc; i++)
-            acc += __ldcg(po + i * stride) * wt[i];
-    }
-    sum = ecu_block_sum(sum, red);
-    out[((size_t)t * n_head + h) * head_dim + d] = sum > 0.0f ? acc / sum : 0.0f;
 }
 
 /* A decode item (a tile and a KV head) as a lane sees it: the token, split, keys of its warp
@@ -939,19 +903,78 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     }
 }
 
-/* One block (blockDim.x = head_dim) per (token, head): s_combine_head. */
-static __global__ void s_attn_combine_kernel(float *out /* (n_tok, n_head, hd) f32 */,
-                                             const float *part_o /* (n_parts, n_head, hd) */,
-                                             const float2 *part_ml /* (n_parts, n_head) */,
-                                             const int *tok_part, const int *tok_nsplit,
-                                             int n_head, int head_dim)
+/* The merge of token t's partials for head h, a warp per (token, head), four heads a block:
+   the max over the token's splits, each split's weight exp(m_i - max) computed once by one
+   lane (lane i holds split i of a round of 32, 4096 positions), the weighted partials summed
+   in split order (a lane owns HD / 32 dimensions and reads them in one 8- or 16-byte load a
+   split, every load of a round issued before the first is used), normalised by the sum of
+   l_i * weight_i (a warp sum: a fixed order for a given number of splits). No shared memory,
+   no block barrier. Partials are read through L2 (__ldcg). It replaced a block per (token,
+   head) holding the weights in shared memory (the same bits up to 32 splits): on the H100
+   (2026-12-05, graphs) +0.2 % at batch 16, +0.7 % at batch 256, +0.5 % at 256 x 2k fp8. */
+template <int HD>
+static __global__ void __launch_bounds__(128)
+    s_attn_combine_warp_kernel(float *out /* (n_tok, n_head, HD) f32 */,
+                               const float *part_o /* (n_parts, n_head, HD) */,
+                               const float2 *part_ml /* (n_parts, n_head) */,
+                               const int *tok_part, const int *tok_nsplit, int n_head,
+                               void *low /* out's rounded twin or NULL */, int kind)
 {
-    __shared__ float wt[ECU_ATTN_CHUNK], red[32];
+    constexpr int PER = HD / 32;
+    static_assert(PER == 2 || PER == 4, "head_dim 64 or 128");
     ecu_pdl_trigger();
-    const int t = blockIdx.x, h = blockIdx.y;
+    const int lane = threadIdx.x & 31, t = blockIdx.x, h = blockIdx.y * 4 + (threadIdx.x >> 5);
     const int base = tok_part[t], ns = tok_nsplit[t];
     ecu_pdl_wait();
-    s_combine_head(out, part_o, part_ml, base, ns, t, h, n_head, head_dim, wt, red);
+    if (h >= n_head)
+        return; /* a whole warp: no barrier below */
+    const float2 *ml = part_ml + (size_t)base * n_head + h;
+    float2 m0 = make_float2(-INFINITY, 0.0f); /* this lane's split of the first round */
+    if (lane < ns)
+        m0 = __ldcg(ml + (size_t)lane * n_head);
+    float mx = m0.x;
+    for (int i = lane + 32; i < ns; i += 32)
+        mx = fmaxf(mx, __ldcg(ml + (size_t)i * n_head).x);
+    mx = ecu_warp_max(mx);
+    const size_t stride = (size_t)n_head * HD;
+    const float *po = part_o + ((size_t)base * n_head + h) * HD + lane * PER;
+    float sum = 0.0f, acc[PER] = {};
+    for (int c0 = 0; c0 < ns; c0 += 32) {
+        const int nc = min(32, ns - c0);
+        float2 m = c0 == 0 ? m0 : make_float2(-INFINITY, 0.0f);
+        if (c0 > 0 && lane < nc)
+            m = __ldcg(ml + (size_t)(c0 + lane) * n_head);
+        const float w = lane < nc && m.x != -INFINITY ? __expf(m.x - mx) : 0.0f;
+        if (lane < nc)
+            sum += m.y * w;
+        const float *pc = po + (size_t)c0 * stride;
+#pragma unroll 8
+        for (int i = 0; i < nc; i++) {
+            const float wi = __shfl_sync(0xffffffffu, w, i);
+            if constexpr (PER == 4) {
+                const float4 v = __ldcg((const float4 *)(pc + i * stride));
+                acc[0] += v.x * wi, acc[1] += v.y * wi, acc[2] += v.z * wi, acc[3] += v.w * wi;
+            } else {
+                const float2 v = __ldcg((const float2 *)(pc + i * stride));
+                acc[0] += v.x * wi, acc[1] += v.y * wi;
+            }
+        }
+    }
+    sum = ecu_warp_sum(sum);
+    const size_t o = ((size_t)t * n_head + h) * HD + lane * PER;
+    float r[PER];
+#pragma unroll
+    for (int e = 0; e < PER; e++)
+        r[e] = sum > 0.0f ? acc[e] / sum : 0.0f;
+    if constexpr (PER == 4) {
+        const float4 v = make_float4(r[0], r[1], r[2], r[3]);
+        *(float4 *)(out + o) = v;
+        ecu_twin_store4(low, kind, o / 4, v);
+    } else {
+        *(float2 *)(out + o) = make_float2(r[0], r[1]);
+        ecu_twin_store(low, kind, o, r[0]);
+        ecu_twin_store(low, kind, o + 1, r[1]);
+    }
 }
 
 template <int HD, int RPW, typename T>
@@ -1058,6 +1081,7 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
 {
     ecu_state_t *st = ecu_st(be);
     const ecu_attn_plan_t *p;
+    ecu_twin_drop(st);
     if (!out || !q || !k_cache || !v_cache || !batch || n_head <= 0 || n_kv_head <= 0 ||
         n_head % n_kv_head || block_size <= 0)
         return -EINVAL;
@@ -1082,9 +1106,23 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
 #undef ECU_ATTN_KV
     if (rc)
         return rc;
-    dim3 grid(p->n_tok, n_head);
-    ECU_CHECK(ecu_launch(st, s_attn_combine_kernel, grid, dim3(head_dim), 0, out,
-                         (const float *)st->part_o.ptr, (const float2 *)st->part_ml.ptr,
-                         (const int *)p->tok_part, (const int *)p->tok_nsplit, n_head, head_dim));
+    /* the combine also writes the O projection's rounded input (its twin, ecu_twin_begin;
+       the dtype of the linear before, QKV's, taken for O's) */
+    void *low;
+    int kind;
+    ECU_TRY(ecu_twin_begin(st, out, p->n_tok, n_head * head_dim, st->twin_dtype, &low, &kind));
+    const float *po = (const float *)st->part_o.ptr;
+    const float2 *pm = (const float2 *)st->part_ml.ptr;
+    const dim3 gw(p->n_tok, (n_head + 3) / 4);
+    const cudaError_t e =
+        head_dim == 64 ? ecu_launch(st, s_attn_combine_warp_kernel<64>, gw, dim3(128), 0, out, po,
+                                    pm, (const int *)p->tok_part, (const int *)p->tok_nsplit,
+                                    n_head, low, kind)
+                       : ecu_launch(st, s_attn_combine_warp_kernel<128>, gw, dim3(128), 0, out,
+                                    po, pm, (const int *)p->tok_part, (const int *)p->tok_nsplit,
+                                    n_head, low, kind);
+    if (e != cudaSuccess)
+        ecu_twin_drop(st);
+    ECU_CHECK(e);
     return 0;
 }

@@ -562,6 +562,12 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            next to each other (a position's cache row read at once; attention.cu; A/B) */
         const char *ak = getenv("ANVIL_CUDA_ATTN_KV_INNER");
         st->attn_kv_inner = ak && strcmp(ak, "1") == 0;
+        /* the ops that write a cuBLASLt product's input (SwiGLU in a composed gate|up linear,
+           the attention's combine) also write it rounded, so the product does not round it
+           again (ecu_twin_begin, matmul.cu); ANVIL_CUDA_TWIN=0 leaves the rounding to the
+           product (A/B) */
+        const char *tw = getenv("ANVIL_CUDA_TWIN");
+        st->twin_on = !(tw && strcmp(tw, "0") == 0);
         /* ANVIL_CUDA_SAMPLE_LIST=0: the sampler's later passes read the whole row instead of
            the candidates compacted after two radix bytes (softmax.cu; A/B) */
         const char *sl = getenv("ANVIL_CUDA_SAMPLE_LIST");
@@ -615,12 +621,13 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->linear = ecu_linear;
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
-             "%s%s%s, decode attention %s%s%s, sampler %s%s",
+             "%s%s%s, rounded twins %s, decode attention %s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off", st->gemv_max,
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
              st->gemv_rope ? "" : ", rope apart",
              st->gemv_balance ? ", whole rounds" : ", every slot",
+             st->twin_on ? "on" : "off",
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",

@@ -133,6 +133,7 @@ typedef struct {
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
+    int twin_on;                /* producers write rounded twins (ecu_twin_begin; default; A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;
@@ -140,6 +141,17 @@ typedef struct {
     int lt_next;
 
     ecu_buf_t xconv;            /* activations rounded for cuBLASLt */
+    /* What xconv holds when the op that wrote `of` (n, dim) f32 also wrote its rounding to
+       `dtype` there (a rounded twin: ecu_twin_begin, matmul.cu); of == NULL: nothing known.
+       A linear told x_from_prev (eng_linear_t) whose x, shape and dtype match reads it
+       instead of rounding x again. twin_dtype: the weights' dtype of the last linear that
+       ran on cuBLASLt, the attention's guess for the O projection's. */
+    struct {
+        const float *of;
+        int n, dim;
+        eng_dtype_t dtype;
+    } twin;
+    eng_dtype_t twin_dtype;
     ecu_buf_t lin_x, lin_y;     /* linear() composed op by op: normalised input, product */
     ecu_buf_t idx[ECU_IDX_N];   /* per-op uploads of host index arrays */
 
@@ -250,6 +262,47 @@ int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t
    step and reused), (n, head_dim / 2) in st->rope_tab (rope.cu) */
 int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, float theta,
                    const float2 **tab);
+
+/* Rounded twins (matmul.cu). An op about to write `of` (n, dim) f32 calls ecu_twin_begin
+   with the dtype its consumer's weights are likely in: it returns st->xconv, reserved and
+   tagged, when that consumer will run on cuBLASLt (n above st->gemv_max, bf16 / f16) and
+   twins are on, setting *kind (ECU_TWIN_BF16 / _F16); else NULL and ECU_TWIN_NONE. Either
+   way the previous tag is dropped. The kernel then stores each value of `of` also through
+   ecu_twin_store (bit-identical to what the consumer's own rounding would give); if the
+   launch fails the caller calls ecu_twin_drop. */
+enum { ECU_TWIN_NONE = 0, ECU_TWIN_BF16, ECU_TWIN_F16 };
+int ecu_twin_begin(
+    ecu_state_t *st, const float *of, int n, int dim, eng_dtype_t dtype, void **low, int *kind);
+static inline void ecu_twin_drop(ecu_state_t *st)
+{
+    st->twin.of = NULL;
+}
+__device__ __forceinline__ void ecu_twin_store(void *low, int kind, size_t i, float v)
+{
+    if (kind == ECU_TWIN_BF16)
+        ((__nv_bfloat16 *)low)[i] = __float2bfloat16_rn(v);
+    else if (kind == ECU_TWIN_F16)
+        ((__half *)low)[i] = __float2half_rn(v);
+}
+/* four consecutive values from i4 * 4 (one 8-byte store) */
+__device__ __forceinline__ void ecu_twin_store4(void *low, int kind, size_t i4, float4 v)
+{
+    if (kind == ECU_TWIN_BF16) {
+        __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+        uint2 u;
+        u.x = *(uint32_t *)&a, u.y = *(uint32_t *)&b;
+        ((uint2 *)low)[i4] = u;
+    } else if (kind == ECU_TWIN_F16) {
+        __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+        uint2 u;
+        u.x = *(uint32_t *)&a, u.y = *(uint32_t *)&b;
+        ((uint2 *)low)[i4] = u;
+    }
+}
+
+/* swiglu_fused that also stores each value through ecu_twin_store(low, kind) (act.cu) */
+int ecu_swiglu_fused_twin(
+    ecu_state_t *st, float *out, const float *gu, int n, int ffn, void *low, int kind);
 
 /* prepare() of the op table (eng_cuda.cu). */
 int ecu_prepare(eng_backend_t *be, const eng_step_t *step);

@@ -23,11 +23,15 @@
     i and i + head_dim/2 of a head for RoPE, then q written out and k, v stored in the paged
     caches; their angles come from a table computed once a step, ecu_rope_table in rope.cu). Larger
     batches compose the same ops from the other kernels (the norm writes the product's rounded
-    input itself, the residual add is cuBLASLt's beta). Measured on the H200 and removed
-    (graphs tok/s at batch 1 against the default): a cp.async ring GEMV on a persistent grid
-    (x0.875), the norm folded into W at batch 1 too (x0.916), a successor prefetch (the last
-    resident wave bulk-prefetching the next product's first 16 MB into L2, x0.979), timing
-    cuBLASLt's first 8 candidates per decode shape (x0.987 at batch 256); and (2026-12-05,
+    input itself, the residual add is cuBLASLt's beta; SwiGLU and the attention's combine write
+    their output rounded too, a rounded twin in xconv that the next product reads when the
+    caller says x_from_prev: ecu_twin_begin; on the H100, 2026-12-05, graphs: +1.1 % at batch
+    4, 16 and 64, +0.8 % at 256, +0.5 % at 256 x 2k fp8; ANVIL_CUDA_TWIN=0 is the A/B).
+    Measured on the H200 and removed (graphs tok/s at batch 1 against the default): a cp.async
+    ring GEMV on a persistent grid (x0.875), the norm folded into W at batch 1 too (x0.916), a
+    successor prefetch (the last resident wave bulk-prefetching the next product's first 16
+    MB into L2, x0.979), timing cuBLASLt's first 8 candidates per decode shape (x0.987 at
+    batch 256); and (2026-12-05,
     `anvil-bench-engine --linear 1 --linear-sweep` for each product on its own, then whole
     steps) stream variants that issue 4, 8 or 16 predicated loads a chunk (x0.947, x0.863,
     x0.804) and a bulk-copy GEMV (a block an SM streaming its rows through 32 shared-memory
@@ -35,7 +39,9 @@
     and on the H100 (later that day, the same tools): each warp of a persistent grid asking L2
     for its row segment a group ahead (cp.async.bulk.prefetch.L2; x0.870, gate|up 0.96 -> 0.80
     of copy) and the batch-1 rope GEMV held to 3 blocks an SM by its launch bounds (28 bytes
-    spilled; x0.981).
+    spilled; x0.981); and cuBLASLt's split-K reductions restricted by the preference's
+    reduction-scheme mask (none: x0.417 at batch 4, x0.444 at 16, x1.005 / x1.013 at 64, x1.001
+    at 256; in place: x0.998 at 4, x1.000 at 16).
 */
 #include "eng_cuda_internal.h"
 
@@ -727,9 +733,10 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
 }
 
 /* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= st->gemv_max
-   (16-byte aligned rows), cuBLASLt above. */
+   (16-byte aligned rows), cuBLASLt above; twin: st->xconv already holds x rounded to dtype
+   (the op that wrote x wrote it, see ecu_twin_begin). */
 static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, const void *bias,
-                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
+                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc, bool twin)
 {
     if (in_dim % 8) {
         ANV_ERROR("cuda matmul: in_dim %d is not a multiple of 8", in_dim);
@@ -746,7 +753,10 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
     }
     const void *xw = x;
     size_t total = (size_t)n * in_dim;
-    if (dtype != ENG_DTYPE_F32) {
+    if (twin && dtype != ENG_DTYPE_F32) {
+        xw = st->xconv.ptr;
+    } else if (dtype != ENG_DTYPE_F32) {
+        ecu_twin_drop(st); /* xconv is written below */
         ECU_TRY(ecu_buf_reserve(&st->xconv, total * 2));
         /* total is a multiple of 8 (in_dim is); a 16-byte aligned x takes 4 a thread (the
            scalar kernel ran at 1.4 TB/s on the H200 at batch 256) */
@@ -775,7 +785,22 @@ extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const v
     if (!out || !x || !w || n <= 0 || in_dim <= 0 || out_dim <= 0 || ecu_dtype_size(dtype) == 0 ||
         out == x)
         return -EINVAL;
-    return s_matmul(ecu_st(be), out, x, w, bias, dtype, n, in_dim, out_dim, false);
+    ecu_twin_drop(ecu_st(be));
+    return s_matmul(ecu_st(be), out, x, w, bias, dtype, n, in_dim, out_dim, false, false);
+}
+
+int ecu_twin_begin(ecu_state_t *st, const float *of, int n, int dim, eng_dtype_t dtype,
+                   void **low, int *kind)
+{
+    ecu_twin_drop(st);
+    *low = NULL, *kind = ECU_TWIN_NONE;
+    if (!st->twin_on || n <= st->gemv_max || (dtype != ENG_DTYPE_BF16 && dtype != ENG_DTYPE_F16))
+        return 0;
+    ECU_TRY(ecu_buf_reserve(&st->xconv, (size_t)n * dim * 2));
+    st->twin.of = of, st->twin.n = n, st->twin.dim = dim, st->twin.dtype = dtype;
+    *low = st->xconv.ptr;
+    *kind = dtype == ENG_DTYPE_BF16 ? ECU_TWIN_BF16 : ECU_TWIN_F16;
+    return 0;
 }
 
 /* linear op by op, for shapes the fused GEMV does not take (more than st->gemv_max rows,
@@ -784,9 +809,10 @@ extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const v
    then the epilogue's own kernel. */
 static int s_linear_composed(eng_backend_t *be, float *out, const float *x, const void *w,
                              const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
-                             const eng_linear_t *f)
+                             const eng_linear_t *f, bool twin)
 {
     ecu_state_t *st = ecu_st(be);
+    st->twin_dtype = dtype;
     const bool acc = f->epi == ENG_LIN_ADD, direct = f->epi == ENG_LIN_PLAIN || acc;
     float *y = out; /* (n, out_dim) f32: the product, before a pair epilogue */
     if (!direct) {
@@ -796,6 +822,7 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
     if (f->norm_w && n > st->gemv_max && dtype != ENG_DTYPE_F32 && f->norm_dtype == dtype &&
         in_dim % 8 == 0) {
         /* the norm writes the product's rounded input itself */
+        ecu_twin_drop(st);
         ECU_TRY(ecu_buf_reserve(&st->xconv, (size_t)n * in_dim * 2));
         ECU_TRY(ecu_rmsnorm_round(st, st->xconv.ptr, x, f->norm_w, dtype, n, in_dim, f->eps));
         ECU_TRY(s_lt_bias(st, y, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, acc));
@@ -807,12 +834,21 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
                                 in_dim, f->eps));
             xin = (const float *)st->lin_x.ptr;
         }
-        ECU_TRY(s_matmul(st, y, xin, w, bias, dtype, n, in_dim, out_dim, acc));
+        ECU_TRY(s_matmul(st, y, xin, w, bias, dtype, n, in_dim, out_dim, acc,
+                         twin && !f->norm_w));
     }
     if (direct)
         return 0;
-    if (f->epi == ENG_LIN_SWIGLU)
-        return ecu_swiglu_fused(be, out, y, n, out_dim / 2);
+    if (f->epi == ENG_LIN_SWIGLU) {
+        /* the down projection's input: its rounded twin too (same dtype guessed) */
+        void *low;
+        int kind;
+        ECU_TRY(ecu_twin_begin(st, out, n, out_dim / 2, dtype, &low, &kind));
+        const int rc = ecu_swiglu_fused_twin(st, out, y, n, out_dim / 2, low, kind);
+        if (rc)
+            ecu_twin_drop(st);
+        return rc;
+    }
     return ecu_rope_kv_store(be, out, y, f->k_cache, f->v_cache, f->pos, f->slots, n, f->n_head,
                              f->n_kv_head, f->head_dim, f->theta);
 }
@@ -822,6 +858,10 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
                           const eng_linear_t *f)
 {
     ecu_state_t *st = ecu_st(be);
+    /* x's rounded twin, left by the op before (x_from_prev) in st->xconv */
+    const bool twin = f && f->x_from_prev && x && st->twin.of == x && st->twin.n == n &&
+                      st->twin.dim == in_dim && st->twin.dtype == dtype;
+    ecu_twin_drop(st);
     if (!out || !x || !w || !f || n <= 0 || in_dim <= 0 || out_dim <= 0 ||
         ecu_dtype_size(dtype) == 0 || out == x || f->epi < ENG_LIN_PLAIN ||
         f->epi > ENG_LIN_ROPE_KV || (f->epi == ENG_LIN_SWIGLU && out_dim % 2))
@@ -855,7 +895,7 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
                 return ecu_rope_kv_store(be, out, (const float *)st->lin_y.ptr, f->k_cache,
                                          f->v_cache, f->pos, f->slots, n, f->n_head,
                                          f->n_kv_head, f->head_dim, f->theta);
-            return s_linear_composed(be, out, x, w, bias, dtype, n, in_dim, out_dim, f);
+            return s_linear_composed(be, out, x, w, bias, dtype, n, in_dim, out_dim, f, twin);
         }
         if (f->epi == ENG_LIN_ROPE_KV) {
             ECU_TRY(ecu_rope_table(st, f->pos, n, f->head_dim, f->theta, &a.angles));
@@ -867,5 +907,5 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
         if (rc != 0)
             return rc < 0 ? rc : 0;
     }
-    return s_linear_composed(be, out, x, w, bias, dtype, n, in_dim, out_dim, f);
+    return s_linear_composed(be, out, x, w, bias, dtype, n, in_dim, out_dim, f, twin);
 }

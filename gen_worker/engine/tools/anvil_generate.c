@@ -22,6 +22,7 @@
 
 #include "anv_config.h"
 #include "anv_error.h"
+#include "anv_jsonl.h"
 #include "anv_log.h"
 #include "anv_time.h"
 #include "eng_config.h"
@@ -116,7 +117,7 @@ static void s_print_sample(const eng_sample_t *s, bool json)
     }
     char *line = cJSON_PrintUnformatted(o);
     if (line)
-        puts(line);
+        anv_jsonl_write(line, stdout);
     free(line);
     cJSON_Delete(o);
     free(text);
@@ -154,7 +155,7 @@ static int s_print_ids(const eng_ids_t *ids, const char *decoded, size_t dlen, b
     }
     char *line = cJSON_PrintUnformatted(out);
     if (line)
-        puts(line);
+        anv_jsonl_write(line, stdout);
     free(line);
     cJSON_Delete(out);
     return 0;

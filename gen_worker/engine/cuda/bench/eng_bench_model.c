@@ -367,6 +367,7 @@ static int s_ops_linear(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_
         S_TRY(be->attention(be, m->att, m->q, L->k_cache, L->v_cache, batch, c->n_head,
                             c->n_kv_head, c->head_dim, c->block_size));
         add.epi = ENG_LIN_ADD;
+        add.x_from_prev = 1; /* O reads the attention's out, down the gate|up linear's */
         S_TRY(be->linear(be, m->x, m->att, L->wo, NULL, wt, n, qd, H, &add));
         gu.norm_w = L->mlp_norm, gu.epi = ENG_LIN_SWIGLU;
         S_TRY(be->linear(be, m->act, m->x, L->w_gu, NULL, wt, n, H, 2 * c->ffn, &gu));

@@ -58,10 +58,11 @@
 #   bench_kvi    bench_kvs's first runs (bf16 then fp8 KV) with ANVIL_CUDA_ATTN_KV_INNER=1: the
 #                A/B against bench_kvs's
 #   bench_ab     every A/B switch (the GEMV's rope apart, segments, every slot and cuBLASLt
-#                at batch 1, the GEMV up to 8 rows at batch 4, the sampler's whole-row passes,
-#                KV heads inner, V with K) against the default, in short runs: batch 1, 4, 256,
-#                batch 256 x 2k bf16 and fp8 (the default first and last in each group); ~5
-#                minutes; ANVIL_AB_RUNS replaces the list
+#                at batch 1, the GEMV up to 8 rows at batch 4, no rounded twins at 4 to 256 and
+#                2k, the sampler's whole-row passes, KV heads inner, V with K) against the
+#                default, in short runs: batch 1, 4, 16, 64, 256, batch 256 x 2k bf16 and fp8
+#                (the default first and last in each group); ~6 minutes; ANVIL_AB_RUNS
+#                replaces the list
 #   bench_fp8    anvil-bench-engine --kv-dtype fp8: batch 1 and 256, and batch 256 at 2k
 #   bench_fma    bench_fp8's runs, and the same with bf16 KV, with ANVIL_CUDA_ATTN_MMA=0: the
 #                FMA decode's side of the A/B against bench_fp8 and bench in one session
@@ -278,6 +279,8 @@ step bench_kvi 150 env KV_LIST="$KV_LIST" bash -c "$KV_AB" "$BENCH" ANVIL_CUDA_A
 if [ $DRY = 1 ]; then
     AB_B1="--backend cpu --shape tiny --threads 4 --batches 1 --prompt 16 --new 8 --ctx-batch 0"
     AB_B4="--backend cpu --shape tiny --threads 4 --batches 2 --prompt 16 --new 8 --ctx-batch 0"
+    AB_B16="--backend cpu --shape tiny --threads 4 --batches 3 --prompt 16 --new 8 --ctx-batch 0"
+    AB_B64="$AB_B16"
     AB_B256="--backend cpu --shape tiny --threads 4 --batches 4 --prompt 16 --new 8 --ctx-batch 0"
     AB_CTX="--backend cpu --shape tiny --threads 4 --batches none --ctx-batch 4 --ctx-len 64"
     AB_CTX="$AB_CTX --ctx-new 8 --kv-dtype f32"
@@ -285,6 +288,8 @@ if [ $DRY = 1 ]; then
 else
     AB_B1="--cuda-graphs --batches 1 --prompt 512 --new 128 --ctx-batch 0"
     AB_B4="--cuda-graphs --batches 4 --prompt 512 --new 128 --ctx-batch 0"
+    AB_B16="--cuda-graphs --batches 16 --prompt 512 --new 128 --ctx-batch 0"
+    AB_B64="--cuda-graphs --batches 64 --prompt 512 --new 128 --ctx-batch 0"
     AB_B256="--cuda-graphs --batches 256 --prompt 512 --new 64 --ctx-batch 0"
     AB_CTX="--cuda-graphs --batches none --ctx-batch 256 --ctx-len 2048 --ctx-new 128"
     AB_KVS="bf16 fp8"
@@ -301,13 +306,22 @@ b1 ANVIL_CUDA_ATTN_VLATE=0
 b1 -
 b4 -
 b4 ANVIL_CUDA_GEMV_MAX=8
+b4 ANVIL_CUDA_TWIN=0
 b4 -
+b16 -
+b16 ANVIL_CUDA_TWIN=0
+b16 -
+b64 -
+b64 ANVIL_CUDA_TWIN=0
+b64 -
 b256 -
+b256 ANVIL_CUDA_TWIN=0
 b256 ANVIL_CUDA_SAMPLE_LIST=0
 b256 ANVIL_CUDA_ATTN_KV_INNER=1
 b256 ANVIL_CUDA_ATTN_VLATE=0
 b256 -
 ctx16 -
+ctx16 ANVIL_CUDA_TWIN=0
 ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx16 ANVIL_CUDA_ATTN_VLATE=0
 ctx16 -
@@ -316,13 +330,15 @@ ctx8 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx8 ANVIL_CUDA_ATTN_VLATE=0
 ctx8 -"
 AB_RUNS=${ANVIL_AB_RUNS:-$AB_RUNS}
-step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B4="$AB_B4" AB_B256="$AB_B256" \
-    AB_CTX="$AB_CTX" \
+step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B4="$AB_B4" AB_B16="$AB_B16" \
+    AB_B64="$AB_B64" AB_B256="$AB_B256" AB_CTX="$AB_CTX" \
     AB_KVS="$AB_KVS" bash -c 'b=$0; read -r kv16 kv8 <<< "$AB_KVS"; fails=0
         while read -r set sw; do
             case $set in
                 b1) a="$AB_B1" ;;
                 b4) a="$AB_B4" ;;
+                b16) a="$AB_B16" ;;
+                b64) a="$AB_B64" ;;
                 b256) a="$AB_B256" ;;
                 ctx16) a="$AB_CTX --kv-dtype $kv16" ;;
                 ctx8) a="$AB_CTX --kv-dtype $kv8" ;;
