@@ -23,10 +23,9 @@
     a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
     combine runs a warp per (token, head), each split's weight computed once by one lane, and
     also writes its output rounded for the O projection (its rounded twin, matmul.cu). Decode
-    tiles of bf16 / fp8
-    KV with 4 or 8 query heads a KV head run a tensor-core kernel instead (st->attn_mma, off
-    with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same tiles and partials;
-    it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0.
+    tiles of bf16 / fp8 KV with 4 or 8 query heads a KV head run a tensor-core kernel instead
+    (st->attn_mma, off with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same
+    tiles and partials; it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0.
     A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
     default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
     256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a

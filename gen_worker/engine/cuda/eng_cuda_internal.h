@@ -268,8 +268,9 @@ int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, flo
    tagged, when that consumer will run on cuBLASLt (n above st->gemv_max, bf16 / f16) and
    twins are on, setting *kind (ECU_TWIN_BF16 / _F16); else NULL and ECU_TWIN_NONE. Either
    way the previous tag is dropped. The kernel then stores each value of `of` also through
-   ecu_twin_store (bit-identical to what the consumer's own rounding would give); if the
-   launch fails the caller calls ecu_twin_drop. */
+   ecu_twin_store / ecu_twin_store4 (below ecu_from_f32: bit-identical to the consumer's own
+   rounding); if the launch fails the caller calls ecu_twin_drop. Every op entry point that
+   may write xconv or consume a twin drops the tag first. */
 enum { ECU_TWIN_NONE = 0, ECU_TWIN_BF16, ECU_TWIN_F16 };
 int ecu_twin_begin(
     ecu_state_t *st, const float *of, int n, int dim, eng_dtype_t dtype, void **low, int *kind);
@@ -277,29 +278,6 @@ static inline void ecu_twin_drop(ecu_state_t *st)
 {
     st->twin.of = NULL;
 }
-__device__ __forceinline__ void ecu_twin_store(void *low, int kind, size_t i, float v)
-{
-    if (kind == ECU_TWIN_BF16)
-        ((__nv_bfloat16 *)low)[i] = __float2bfloat16_rn(v);
-    else if (kind == ECU_TWIN_F16)
-        ((__half *)low)[i] = __float2half_rn(v);
-}
-/* four consecutive values from i4 * 4 (one 8-byte store) */
-__device__ __forceinline__ void ecu_twin_store4(void *low, int kind, size_t i4, float4 v)
-{
-    if (kind == ECU_TWIN_BF16) {
-        __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-        uint2 u;
-        u.x = *(uint32_t *)&a, u.y = *(uint32_t *)&b;
-        ((uint2 *)low)[i4] = u;
-    } else if (kind == ECU_TWIN_F16) {
-        __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
-        uint2 u;
-        u.x = *(uint32_t *)&a, u.y = *(uint32_t *)&b;
-        ((uint2 *)low)[i4] = u;
-    }
-}
-
 /* swiglu_fused that also stores each value through ecu_twin_store(low, kind) (act.cu) */
 int ecu_swiglu_fused_twin(
     ecu_state_t *st, float *out, const float *gu, int n, int ffn, void *low, int kind);
@@ -394,6 +372,35 @@ template <> __device__ __forceinline__ __nv_fp8_e4m3 ecu_from_f32<__nv_fp8_e4m3>
     __nv_fp8_e4m3 r;
     r.__x = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
     return r;
+}
+
+/* four consecutive values rounded to T from dst[i4 * 4] (one 8-byte store; T 16-bit) */
+template <typename T> __device__ __forceinline__ void ecu_store4(T *dst, size_t i4, float4 v)
+{
+    union {
+        T h[4];
+        uint2 u;
+    } o;
+    o.h[0] = ecu_from_f32<T>(v.x), o.h[1] = ecu_from_f32<T>(v.y);
+    o.h[2] = ecu_from_f32<T>(v.z), o.h[3] = ecu_from_f32<T>(v.w);
+    ((uint2 *)dst)[i4] = o.u;
+}
+
+/* A rounded twin's stores (ecu_twin_begin): v at low[i], or four values from low[i4 * 4], in
+   kind's dtype; ECU_TWIN_NONE stores nothing. */
+__device__ __forceinline__ void ecu_twin_store(void *low, int kind, size_t i, float v)
+{
+    if (kind == ECU_TWIN_BF16)
+        ((__nv_bfloat16 *)low)[i] = ecu_from_f32<__nv_bfloat16>(v);
+    else if (kind == ECU_TWIN_F16)
+        ((__half *)low)[i] = ecu_from_f32<__half>(v);
+}
+__device__ __forceinline__ void ecu_twin_store4(void *low, int kind, size_t i4, float4 v)
+{
+    if (kind == ECU_TWIN_BF16)
+        ecu_store4((__nv_bfloat16 *)low, i4, v);
+    else if (kind == ECU_TWIN_F16)
+        ecu_store4((__half *)low, i4, v);
 }
 
 /* The rotary angle of pair i at position pos, as the CPU computes it: inv_freq =

@@ -610,16 +610,8 @@ template <typename T>
 static __global__ void s_round4_kernel(T *dst /* (total) T */, const float4 *src, size_t total4)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total4;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const float4 v = src[i];
-        union {
-            T h[4];
-            uint2 u;
-        } o;
-        o.h[0] = ecu_from_f32<T>(v.x), o.h[1] = ecu_from_f32<T>(v.y);
-        o.h[2] = ecu_from_f32<T>(v.z), o.h[3] = ecu_from_f32<T>(v.w);
-        ((uint2 *)dst)[i] = o.u;
-    }
+         i += (size_t)gridDim.x * blockDim.x)
+        ecu_store4(dst, i, src[i]);
 }
 
 template <typename T>
@@ -756,7 +748,6 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
     if (twin && dtype != ENG_DTYPE_F32) {
         xw = st->xconv.ptr;
     } else if (dtype != ENG_DTYPE_F32) {
-        ecu_twin_drop(st); /* xconv is written below */
         ECU_TRY(ecu_buf_reserve(&st->xconv, total * 2));
         /* total is a multiple of 8 (in_dim is); a 16-byte aligned x takes 4 a thread (the
            scalar kernel ran at 1.4 TB/s on the H200 at batch 256) */
@@ -822,7 +813,6 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
     if (f->norm_w && n > st->gemv_max && dtype != ENG_DTYPE_F32 && f->norm_dtype == dtype &&
         in_dim % 8 == 0) {
         /* the norm writes the product's rounded input itself */
-        ecu_twin_drop(st);
         ECU_TRY(ecu_buf_reserve(&st->xconv, (size_t)n * in_dim * 2));
         ECU_TRY(ecu_rmsnorm_round(st, st->xconv.ptr, x, f->norm_w, dtype, n, in_dim, f->eps));
         ECU_TRY(s_lt_bias(st, y, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, acc));
