@@ -104,6 +104,10 @@ static void test_embedding_norm(eng_dtype_t dt)
     free(d);
 }
 
+/* names the path under test in the matmul and linear checks (test_linear_segs, the GEMV and
+   skinny A/Bs) */
+static const char *s_lin_tag = "";
+
 static void test_matmul(eng_dtype_t dt, int n, int in, int outd, int bias)
 {
     char name[96];
@@ -124,8 +128,8 @@ static void test_matmul(eng_dtype_t dt, int n, int in, int outd, int bias)
        rounded to the weight dtype for the tensor cores */
     const int gemv = n <= eng_cuda_gemv_rows(gpu, -1);
     double tol = gemv || dt == ENG_DTYPE_F32 ? 2e-5 : dt == ENG_DTYPE_BF16 ? 1e-2 : 2e-3;
-    snprintf(name, sizeof(name), "matmul %s n=%d %dx%d%s%s", eng_dtype_name(dt), n, in, outd,
-             bias ? " +bias" : "", gemv ? " (gemv)" : "");
+    snprintf(name, sizeof(name), "matmul %s n=%d %dx%d%s%s%s", eng_dtype_name(dt), n, in, outd,
+             bias ? " +bias" : "", gemv ? " (gemv)" : "", s_lin_tag);
     ecu_t_close(name, got, ref, (size_t)n * outd, tol);
     gpu->free(gpu, gw), gpu->free(gpu, gb), gpu->free(gpu, gx), gpu->free(gpu, go);
     free(w), free(wr), free(wh), free(b), free(br), free(bh), free(x), free(ref), free(got);
@@ -427,9 +431,6 @@ static void test_attention_long(void)
     free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref), free(got);
 }
 
-/* test_linear_segs' tag for the check names */
-static const char *s_lin_tag = "";
-
 /* linear (the fused matmul) on backend be against the CPU's composition: epilogue epi, the
    norm folded in or not, a bias or not. n up to the backend's GEMV rows (eng_cuda_gemv_rows:
    1 by default, 8 in test_linears' second pass) runs the fused GEMV (fp32 math: tolerance
@@ -592,7 +593,39 @@ static void test_linears_gemv8(void)
                 "eng_cuda_gemv_rows refuses 9 and the CPU backend, and keeps its value");
 }
 
-/* One layer's two consumer pairs on backend be (weights dt, 16 rows: cuBLASLt), result in
+/* The tensor-core skinny product (skinny.cu; 2 to 16 rows above the GEMV's, the default)
+   against the CPU: down's 14336 columns (8 K segments a tile), gate|up's 28672 features,
+   features past a 16-row tile (600, 1032), 9 to 16 rows (two n-tiles, rows past n clamped),
+   in_dim 1000 (no whole 64-column chunks: cuBLASLt takes it), the residual add (acc) with a
+   bias; then the same with cuBLASLt (eng_cuda_skinny_rows 0, the A/B); the setting's bounds. */
+static void test_skinny(void)
+{
+    static const struct {
+        int n, in, out, bias;
+    } cs[] = {{2, 4096, 1032, 1},   {7, 14336, 4096, 0}, {8, 2048, 6144, 1},  {9, 4096, 600, 0},
+              {16, 14336, 4096, 1}, {16, 1000, 96, 0},   {13, 4096, 28672, 0}};
+    const eng_dtype_t dts[2] = {ENG_DTYPE_BF16, ENG_DTYPE_F16};
+    const int def = eng_cuda_skinny_rows(gpu, -1);
+    ecu_t_check(def == 16, "eng_cuda_skinny_rows: 16 by default");
+    for (int pass = 0; pass < 2; pass++) {
+        s_lin_tag = pass ? " (cublaslt)" : " (skinny)";
+        ecu_t_check(eng_cuda_skinny_rows(gpu, pass ? 0 : def) == (pass ? 0 : def),
+                    "eng_cuda_skinny_rows sets its rows");
+        for (int d = 0; d < 2; d++)
+            for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++)
+                test_matmul(dts[d], cs[c].n, cs[c].in, cs[c].out, cs[c].bias);
+        test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ADD, 16, 14336, 4096, 0, 1);
+        test_linear(gpu, ENG_DTYPE_F16, ENG_LIN_ADD, 5, 4096, 1000, 1, 0);
+        test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 12, 4096, 2816, 1, 1);
+    }
+    s_lin_tag = "";
+    eng_cuda_skinny_rows(gpu, def);
+    ecu_t_check(eng_cuda_skinny_rows(gpu, 17) == -EINVAL &&
+                    eng_cuda_skinny_rows(cpu, 1) == -EINVAL && eng_cuda_skinny_rows(gpu, -1) == def,
+                "eng_cuda_skinny_rows refuses 17 and the CPU backend, and keeps its value");
+}
+
+/* One layer's two consumer pairs on backend be (weights dt, 16 rows: the skinny product), result in
    res (n, H) downloaded: x -> gate|up linear (norm, SwiGLU) -> down linear (residual add)
    and q -> attention -> O linear (residual add), the consumers told x_from_prev = prev.
    mode 1 breaks the promise between producer and consumer (the producer's out is zeroed
@@ -1099,6 +1132,7 @@ int main(int argc, char **argv)
     test_linears();
     test_linears_gemv8();
     test_linear_segs();
+    test_skinny();
     test_twins(ENG_DTYPE_BF16);
     test_twins(ENG_DTYPE_F16);
     test_softmax_sample(gpu, "blocks a row by batch (the default)");

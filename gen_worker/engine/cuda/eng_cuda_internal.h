@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdint.h>
+#include <type_traits>
 
 extern "C" {
 #include "anv_error.h"
@@ -95,6 +96,8 @@ enum {
 
 /* The most rows the GEMV takes (matmul.cu; st->gemv_max picks up to this many). */
 #define ECU_GEMV_MAX 8
+/* The most rows the tensor-core skinny product takes (skinny.cu; st->skinny_max). */
+#define ECU_SKINNY_MAX 16
 
 /* Attention plan of one batch (see attention.cu): device arrays plus sizes. */
 typedef struct {
@@ -130,6 +133,7 @@ typedef struct {
     int gemv_rope;              /* rope + KV store in the QKV GEMV's epilogue (default; A/B) */
     int gemv_max;               /* rows up to which matmuls take the GEMV (matmul.cu; <= 8) */
     int gemv_balance;           /* persistent GEMV grids sized for whole rounds (default; A/B) */
+    int skinny_max;             /* rows up to which skinny.cu replaces cuBLASLt (<= 16) */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
@@ -262,6 +266,20 @@ int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t
    step and reused), (n, head_dim / 2) in st->rope_tab (rope.cu) */
 int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, float theta,
                    const float2 **tab);
+
+/* out (=, or += when acc) xw @ W^T + bias on the tensor cores for n <= st->skinny_max rows
+   (skinny.cu), xw and W in dtype (bf16 / f16), 16-byte aligned: 1 launched, 0 when the shape
+   or dtype does not fit (the caller runs cuBLASLt), < 0 on error. */
+int ecu_skinny_matmul(const ecu_state_t *st,
+                      float *out,
+                      const void *xw,
+                      const void *w,
+                      const void *bias,
+                      eng_dtype_t dtype,
+                      int n,
+                      int in_dim,
+                      int out_dim,
+                      bool acc);
 
 /* Rounded twins (matmul.cu). An op about to write `of` (n, dim) f32 calls ecu_twin_begin
    with the dtype its consumer's weights are likely in: it returns st->xconv, reserved and
@@ -417,6 +435,24 @@ __device__ __forceinline__ void ecu_rope_angle(int pos, int i, int head_dim, flo
     float f = (float)pos * inv_freq;
     *c = cosf(f);
     *s = sinf(f);
+}
+
+/* D += A B (mma.sync m16n8k16, row.col, fp32 accumulate): bf16 inputs for T = bf16, f16
+   for the others (f16 weights; fp8 KV widened to f16 by the attention) */
+template <typename T>
+__device__ __forceinline__ void ecu_mma16816(
+    float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1)
+{
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 /* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets it. */

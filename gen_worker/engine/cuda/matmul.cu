@@ -704,10 +704,15 @@ out:
     return rc;
 }
 
-/* cuBLASLt on an input already in the weights' dtype (xw), then the bias. */
+/* cuBLASLt on an input already in the weights' dtype (xw), then the bias; up to
+   st->skinny_max rows skinny.cu's product instead. */
 static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w, const void *bias,
                      eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
 {
+    /* a few rows: the tensor-core stream of skinny.cu, bias included */
+    const int sk = ecu_skinny_matmul(st, out, xw, w, bias, dtype, n, in_dim, out_dim, acc);
+    if (sk != 0)
+        return sk < 0 ? sk : 0;
     ECU_TRY(s_lt(st, out, xw, w, dtype, n, in_dim, out_dim, acc));
     if (bias) {
         size_t total = (size_t)n * out_dim;
