@@ -597,7 +597,7 @@ static void test_linears_gemv8(void)
    against the CPU: down's 14336 columns (8 K segments a tile), gate|up's 28672 features,
    features past a 16-row tile (600, 1032), 9 to 16 rows (two n-tiles, rows past n clamped),
    in_dim 1000 (no whole 64-column chunks: cuBLASLt takes it), the residual add (acc) with a
-   bias; then the same with cuBLASLt (eng_cuda_skinny_rows 0, the A/B); the setting's bounds. */
+   bias, SwiGLU in the product's epilogue (ffn 518 and 1500: a tile past the end); then the same with cuBLASLt (eng_cuda_skinny_rows 0, the A/B); the setting's bounds. */
 static void test_skinny(void)
 {
     static const struct {
@@ -617,6 +617,8 @@ static void test_skinny(void)
         test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ADD, 16, 14336, 4096, 0, 1);
         test_linear(gpu, ENG_DTYPE_F16, ENG_LIN_ADD, 5, 4096, 1000, 1, 0);
         test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 12, 4096, 2816, 1, 1);
+        test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 9, 1024, 1036, 1, 1);
+        test_linear(gpu, ENG_DTYPE_F16, ENG_LIN_SWIGLU, 3, 2048, 3000, 1, 0);
     }
     s_lin_tag = "";
     eng_cuda_skinny_rows(gpu, def);

@@ -482,6 +482,7 @@ static void s_destroy(eng_backend_t **be_p)
         }
         ecu_buf_release(&st->lt_ws);
         ecu_buf_release(&st->xconv);
+        ecu_buf_release(&st->twinb);
         ecu_buf_release(&st->lin_x);
         ecu_buf_release(&st->lin_y);
         for (int i = 0; i < ECU_IDX_N; i++)

@@ -145,7 +145,9 @@ typedef struct {
     int lt_next;
 
     ecu_buf_t xconv;            /* activations rounded for cuBLASLt */
-    /* What xconv holds when the op that wrote `of` (n, dim) f32 also wrote its rounding to
+    ecu_buf_t twinb;            /* a rounded twin (ecu_twin_begin): apart from xconv, so that
+                                   a product reading xconv may write the next one's twin */
+    /* What twinb holds when the op that wrote `of` (n, dim) f32 also wrote its rounding to
        `dtype` there (a rounded twin: ecu_twin_begin, matmul.cu); of == NULL: nothing known.
        A linear told x_from_prev (eng_linear_t) whose x, shape and dtype match reads it
        instead of rounding x again. twin_dtype: the weights' dtype of the last linear that
@@ -269,20 +271,15 @@ int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, flo
 
 /* out (=, or += when acc) xw @ W^T + bias on the tensor cores for n <= st->skinny_max rows
    (skinny.cu), xw and W in dtype (bf16 / f16), 16-byte aligned: 1 launched, 0 when the shape
-   or dtype does not fit (the caller runs cuBLASLt), < 0 on error. */
-int ecu_skinny_matmul(const ecu_state_t *st,
-                      float *out,
-                      const void *xw,
-                      const void *w,
-                      const void *bias,
-                      eng_dtype_t dtype,
-                      int n,
-                      int in_dim,
-                      int out_dim,
-                      bool acc);
+   or dtype does not fit (the caller runs cuBLASLt), < 0 on error. epi ENG_LIN_SWIGLU: W is
+   gate|up (out_dim = 2 ffn) and out (n, ffn) gets silu(gate) * up, also stored through
+   ecu_twin_store(low, kind); acc must be false. */
+int ecu_skinny_matmul(const ecu_state_t *st, float *out, const void *xw, const void *w,
+                      const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
+                      bool acc, int epi, void *low, int kind);
 
 /* Rounded twins (matmul.cu). An op about to write `of` (n, dim) f32 calls ecu_twin_begin
-   with the dtype its consumer's weights are likely in: it returns st->xconv, reserved and
+   with the dtype its consumer's weights are likely in: it returns st->twinb, reserved and
    tagged, when that consumer will run on cuBLASLt (n above st->gemv_max, bf16 / f16) and
    twins are on, setting *kind (ECU_TWIN_BF16 / _F16); else NULL and ECU_TWIN_NONE. Either
    way the previous tag is dropped. The kernel then stores each value of `of` also through

@@ -24,7 +24,7 @@
     caches; their angles come from a table computed once a step, ecu_rope_table in rope.cu). Larger
     batches compose the same ops from the other kernels (the norm writes the product's rounded
     input itself, the residual add is cuBLASLt's beta; SwiGLU and the attention's combine write
-    their output rounded too, a rounded twin in xconv that the next product reads when the
+    their output rounded too, a rounded twin in twinb that the next product reads when the
     caller says x_from_prev: ecu_twin_begin; on the H100, 2026-12-05, graphs: +1.1 % at batch
     4, 16 and 64, +0.8 % at 256, +0.5 % at 256 x 2k fp8; ANVIL_CUDA_TWIN=0 is the A/B).
     Measured on the H200 and removed (graphs tok/s at batch 1 against the default): a cp.async
@@ -710,7 +710,8 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
                      eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
 {
     /* a few rows: the tensor-core stream of skinny.cu, bias included */
-    const int sk = ecu_skinny_matmul(st, out, xw, w, bias, dtype, n, in_dim, out_dim, acc);
+    const int sk = ecu_skinny_matmul(st, out, xw, w, bias, dtype, n, in_dim, out_dim, acc,
+                                     acc ? ENG_LIN_ADD : ENG_LIN_PLAIN, NULL, ECU_TWIN_NONE);
     if (sk != 0)
         return sk < 0 ? sk : 0;
     ECU_TRY(s_lt(st, out, xw, w, dtype, n, in_dim, out_dim, acc));
@@ -730,7 +731,7 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
 }
 
 /* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= st->gemv_max
-   (16-byte aligned rows), cuBLASLt above; twin: st->xconv already holds x rounded to dtype
+   (16-byte aligned rows), cuBLASLt above; twin: st->twinb already holds x rounded to dtype
    (the op that wrote x wrote it, see ecu_twin_begin). */
 static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, const void *bias,
                     eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc, bool twin)
@@ -751,7 +752,7 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
     const void *xw = x;
     size_t total = (size_t)n * in_dim;
     if (twin && dtype != ENG_DTYPE_F32) {
-        xw = st->xconv.ptr;
+        xw = st->twinb.ptr;
     } else if (dtype != ENG_DTYPE_F32) {
         ECU_TRY(ecu_buf_reserve(&st->xconv, total * 2));
         /* total is a multiple of 8 (in_dim is); a 16-byte aligned x takes 4 a thread (the
@@ -792,9 +793,9 @@ int ecu_twin_begin(ecu_state_t *st, const float *of, int n, int dim, eng_dtype_t
     *low = NULL, *kind = ECU_TWIN_NONE;
     if (!st->twin_on || n <= st->gemv_max || (dtype != ENG_DTYPE_BF16 && dtype != ENG_DTYPE_F16))
         return 0;
-    ECU_TRY(ecu_buf_reserve(&st->xconv, (size_t)n * dim * 2));
+    ECU_TRY(ecu_buf_reserve(&st->twinb, (size_t)n * dim * 2));
     st->twin.of = of, st->twin.n = n, st->twin.dim = dim, st->twin.dtype = dtype;
-    *low = st->xconv.ptr;
+    *low = st->twinb.ptr;
     *kind = dtype == ENG_DTYPE_BF16 ? ECU_TWIN_BF16 : ECU_TWIN_F16;
     return 0;
 }
@@ -820,6 +821,18 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
         /* the norm writes the product's rounded input itself */
         ECU_TRY(ecu_buf_reserve(&st->xconv, (size_t)n * in_dim * 2));
         ECU_TRY(ecu_rmsnorm_round(st, st->xconv.ptr, x, f->norm_w, dtype, n, in_dim, f->eps));
+        if (f->epi == ENG_LIN_SWIGLU) {
+            /* a few rows: SwiGLU (and the down projection's twin) in the skinny product */
+            void *low;
+            int kind;
+            ECU_TRY(ecu_twin_begin(st, out, n, out_dim / 2, dtype, &low, &kind));
+            const int rc = ecu_skinny_matmul(st, out, st->xconv.ptr, w, bias, dtype, n, in_dim,
+                                             out_dim, false, ENG_LIN_SWIGLU, low, kind);
+            if (rc == 1)
+                return 0;
+            ecu_twin_drop(st);
+            ECU_TRY(rc);
+        }
         ECU_TRY(s_lt_bias(st, y, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, acc));
     } else {
         const float *xin = x;
@@ -853,7 +866,7 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
                           const eng_linear_t *f)
 {
     ecu_state_t *st = ecu_st(be);
-    /* x's rounded twin, left by the op before (x_from_prev) in st->xconv */
+    /* x's rounded twin, left by the op before (x_from_prev) in st->twinb */
     const bool twin = f && f->x_from_prev && x && st->twin.of == x && st->twin.n == n &&
                       st->twin.dim == in_dim && st->twin.dtype == dtype;
     ecu_twin_drop(st);

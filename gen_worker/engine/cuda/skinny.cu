@@ -29,24 +29,30 @@
 /* One warp per (16-feature tile, K segment); a block holds R = ECU_SKINNY_WARPS / segs tiles.
    in_dim % (32 * U * segs) == 0 (the launcher checks); features past out_dim load the last
    row and are not stored, rows of x past n load row n - 1 and are not stored. */
-template <int NT, int U, typename T>
+template <int NT, int U, typename T, bool SW>
 static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
     s_skinny_kernel(const T *w /* (out_dim, in_dim) */,
                     const T *x /* (n, in_dim) */,
-                    float *out /* (n, out_dim) f32 */,
+                    float *out /* (n, out_dim) f32; SW (n, out_dim / 2) */,
                     const T *bias /* (out_dim) or NULL */,
                     int n,
                     int in_dim,
                     int out_dim,
                     int segs,
-                    int acc)
+                    int acc,
+                    void *low /* SW: the twin (n, out_dim / 2) or NULL */,
+                    int kind /* ECU_TWIN_* */)
 {
     __shared__ float4 red[ECU_SKINNY_WARPS][NT][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int R = ECU_SKINNY_WARPS / segs, lr = warp / segs, seg = warp % segs;
-    const int o0 = (blockIdx.x * R + lr) * 16, len = in_dim / segs;
+    const int tile = blockIdx.x * R + lr, len = in_dim / segs, ffn = out_dim / 2;
     const int kbeg = seg * len + 8 * t, kend = (seg + 1) * len;
-    const int ra = min(o0 + g, out_dim - 1), rb = min(o0 + g + 8, out_dim - 1);
+    /* the tile's rows g and g + 8: features 16 tile + g and + 8, or (SW) gate and up of
+       feature 8 tile + g of the ffn */
+    const int o0 = SW ? 8 * tile : 16 * tile;
+    const int ra = SW ? min(o0 + g, ffn - 1) : min(o0 + g, out_dim - 1);
+    const int rb = SW ? ffn + ra : min(o0 + g + 8, out_dim - 1);
     const T *wa = w + (size_t)ra * in_dim, *wb = w + (size_t)rb * in_dim;
     const T *xr[NT];
 #pragma unroll
@@ -118,8 +124,28 @@ static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
                 acc4[j][0] += p.x, acc4[j][1] += p.y, acc4[j][2] += p.z, acc4[j][3] += p.w;
             }
     }
-    /* the fragment: acc4[j][e] is feature o0 + g (+ 8 for e >= 2) of row 8 j + 2 t (+ 1 for
+    /* the fragment: acc4[j][e] is tile row g (+ 8 for e >= 2) of x's row 8 j + 2 t (+ 1 for
        odd e) */
+    if constexpr (SW) {
+        const int f = o0 + g;
+        if (f >= ffn)
+            return;
+        const float bg = bias ? ecu_ld<T>(bias, f) : 0.0f;
+        const float bu = bias ? ecu_ld<T>(bias, ffn + f) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int r = 8 * j + 2 * t + e;
+                if (r < n) {
+                    const float gv = acc4[j][e] + bg, uv = acc4[j][e + 2] + bu;
+                    const float v = gv / (1.0f + expf(-gv)) * uv;
+                    out[(size_t)r * ffn + f] = v;
+                    ecu_twin_store(low, kind, (size_t)r * ffn + f, v);
+                }
+            }
+        return;
+    }
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         const int f = o0 + g + (e >= 2 ? 8 : 0);
@@ -140,16 +166,16 @@ static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
 
 /* K segments a tile: doubled from 1 while the grid holds fewer than st->gemv_waves2 / 2
    resident waves and a segment keeps >= 512 columns in whole chunks. */
-template <int NT, int U, typename T>
-static int s_skinny_segs(const ecu_state_t *st, int in_dim, int out_dim)
+template <int NT, int U, typename T, bool SW>
+static int s_skinny_segs(const ecu_state_t *st, int in_dim, long tiles)
 {
     static int per_sm = 0; /* resident blocks an SM, per instantiation */
-    if (per_sm == 0 &&
-        (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, s_skinny_kernel<NT, U, T>,
-                                                       ECU_SKINNY_WARPS * 32, 0) != cudaSuccess ||
-         per_sm <= 0))
+    if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                            &per_sm, s_skinny_kernel<NT, U, T, SW>, ECU_SKINNY_WARPS * 32, 0) !=
+                            cudaSuccess ||
+                        per_sm <= 0))
         per_sm = 1;
-    const long slots = (long)st->n_sm * per_sm, tiles = (out_dim + 15) / 16;
+    const long slots = (long)st->n_sm * per_sm;
     int segs = 1;
     while (segs < ECU_SKINNY_WARPS &&
            (tiles * segs + ECU_SKINNY_WARPS - 1) / ECU_SKINNY_WARPS < slots * st->gemv_waves2 / 2 &&
@@ -158,61 +184,61 @@ static int s_skinny_segs(const ecu_state_t *st, int in_dim, int out_dim)
     return segs;
 }
 
-template <int NT, int U, typename T>
-static int s_skinny_launch_n(const ecu_state_t *st,
-                             float *out,
-                             const T *x,
-                             const T *w,
-                             const T *bias,
-                             int n,
-                             int in_dim,
-                             int out_dim,
-                             bool acc)
+template <int NT, int U, typename T, bool SW>
+static int s_skinny_launch_n(const ecu_state_t *st, float *out, const T *x, const T *w,
+                             const T *bias, int n, int in_dim, int out_dim, bool acc, void *low,
+                             int kind)
 {
     if (in_dim % (32 * U) != 0)
         return 0;
-    const int segs = s_skinny_segs<NT, U, T>(st, in_dim, out_dim);
+    const long tiles = SW ? (out_dim / 2 + 7) / 8 : (out_dim + 15) / 16;
+    const int segs = s_skinny_segs<NT, U, T, SW>(st, in_dim, tiles);
     const int R = ECU_SKINNY_WARPS / segs;
-    const unsigned blocks = (unsigned)((out_dim + 16 * R - 1) / (16 * R));
-    ECU_CHECK(ecu_launch(st, s_skinny_kernel<NT, U, T>, dim3(blocks), dim3(ECU_SKINNY_WARPS * 32),
-                         0, w, x, out, bias, n, in_dim, out_dim, segs, (int)acc));
+    const unsigned blocks = (unsigned)((tiles + R - 1) / R);
+    ECU_CHECK(ecu_launch(st, s_skinny_kernel<NT, U, T, SW>, dim3(blocks),
+                         dim3(ECU_SKINNY_WARPS * 32), 0, w, x, out, bias, n, in_dim, out_dim,
+                         segs, (int)acc, low, kind));
     return 1;
 }
 
-template <typename T>
-static int s_skinny_launch_t(const ecu_state_t *st,
-                             float *out,
-                             const void *x,
-                             const void *w,
-                             const void *bias,
-                             int n,
-                             int in_dim,
-                             int out_dim,
-                             bool acc)
+template <typename T, bool SW>
+static int s_skinny_launch_t(const ecu_state_t *st, float *out, const void *x, const void *w,
+                             const void *bias, int n, int in_dim, int out_dim, bool acc,
+                             void *low, int kind)
 {
     const T *xt = (const T *)x, *wt = (const T *)w, *bt = (const T *)bias;
     if (n <= 8)
-        return s_skinny_launch_n<1, 4, T>(st, out, xt, wt, bt, n, in_dim, out_dim, acc);
-    return s_skinny_launch_n<2, 2, T>(st, out, xt, wt, bt, n, in_dim, out_dim, acc);
+        return s_skinny_launch_n<1, 4, T, SW>(st, out, xt, wt, bt, n, in_dim, out_dim, acc, low,
+                                              kind);
+    return s_skinny_launch_n<2, 2, T, SW>(st, out, xt, wt, bt, n, in_dim, out_dim, acc, low,
+                                          kind);
 }
 
-int ecu_skinny_matmul(const ecu_state_t *st,
-                      float *out,
-                      const void *xw,
-                      const void *w,
-                      const void *bias,
-                      eng_dtype_t dtype,
-                      int n,
-                      int in_dim,
-                      int out_dim,
-                      bool acc)
+template <typename T>
+static int s_skinny_launch_e(const ecu_state_t *st, float *out, const void *x, const void *w,
+                             const void *bias, int n, int in_dim, int out_dim, bool acc, int epi,
+                             void *low, int kind)
+{
+    if (epi == ENG_LIN_SWIGLU)
+        return s_skinny_launch_t<T, true>(st, out, x, w, bias, n, in_dim, out_dim, false, low,
+                                          kind);
+    return s_skinny_launch_t<T, false>(st, out, x, w, bias, n, in_dim, out_dim, acc, NULL,
+                                       ECU_TWIN_NONE);
+}
+
+int ecu_skinny_matmul(const ecu_state_t *st, float *out, const void *xw, const void *w,
+                      const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
+                      bool acc, int epi, void *low, int kind)
 {
     if (n < 1 || n > st->skinny_max || n > ECU_SKINNY_MAX || (uintptr_t)xw % 16 ||
-        (uintptr_t)w % 16 || in_dim % 8)
+        (uintptr_t)w % 16 || in_dim % 8 || (epi == ENG_LIN_SWIGLU && (out_dim % 2 || acc)) ||
+        (epi != ENG_LIN_SWIGLU && epi != ENG_LIN_PLAIN && epi != ENG_LIN_ADD))
         return 0;
     if (dtype == ENG_DTYPE_BF16)
-        return s_skinny_launch_t<__nv_bfloat16>(st, out, xw, w, bias, n, in_dim, out_dim, acc);
+        return s_skinny_launch_e<__nv_bfloat16>(st, out, xw, w, bias, n, in_dim, out_dim, acc,
+                                                epi, low, kind);
     if (dtype == ENG_DTYPE_F16)
-        return s_skinny_launch_t<__half>(st, out, xw, w, bias, n, in_dim, out_dim, acc);
+        return s_skinny_launch_e<__half>(st, out, xw, w, bias, n, in_dim, out_dim, acc, epi, low,
+                                         kind);
     return 0;
 }
