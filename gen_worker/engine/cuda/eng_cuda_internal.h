@@ -269,14 +269,36 @@ int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t
 int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, float theta,
                    const float2 **tab);
 
+/* The rope epilogue's inputs of a QKV product (skinny.cu): the step's angle table
+   (ecu_rope_table), the tokens' cache slots (device), the paged pools and the heads. */
+typedef struct {
+    const float2 *angles; /* (n, head_dim / 2) {cos, sin} */
+    const int32_t *slots; /* (n) device */
+    void *k_cache, *v_cache;
+    int n_head, n_kv_head, head_dim, kv_dtype;
+} ecu_skinny_rope_t;
+
 /* out (=, or += when acc) xw @ W^T + bias on the tensor cores for n <= st->skinny_max rows
    (skinny.cu), xw and W in dtype (bf16 / f16), 16-byte aligned: 1 launched, 0 when the shape
-   or dtype does not fit (the caller runs cuBLASLt), < 0 on error. epi ENG_LIN_SWIGLU: W is
-   gate|up (out_dim = 2 ffn) and out (n, ffn) gets silu(gate) * up, also stored through
-   ecu_twin_store(low, kind); acc must be false. */
-int ecu_skinny_matmul(const ecu_state_t *st, float *out, const void *xw, const void *w,
-                      const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
-                      bool acc, int epi, void *low, int kind);
+   or dtype does not fit (the caller runs cuBLASLt), < 0 on error. epi (eng_lin_epi_t) the
+   linear's epilogue: ENG_LIN_SWIGLU: W is gate|up (out_dim = 2 ffn) and out (n, ffn) gets
+   silu(gate) * up, also stored through ecu_twin_store(low, kind); ENG_LIN_ROPE_KV: out is q
+   (n, n_head, head_dim) and k, v go to rope's pools (head_dim a multiple of 16). Both
+   without acc. */
+int ecu_skinny_matmul(const ecu_state_t *st,
+                      float *out,
+                      const void *xw,
+                      const void *w,
+                      const void *bias,
+                      eng_dtype_t dtype,
+                      int n,
+                      int in_dim,
+                      int out_dim,
+                      bool acc,
+                      int epi,
+                      void *low,
+                      int kind,
+                      const ecu_skinny_rope_t *rope);
 
 /* Rounded twins (matmul.cu). An op about to write `of` (n, dim) f32 calls ecu_twin_begin
    with the dtype its consumer's weights are likely in: it returns st->twinb, reserved and
@@ -450,6 +472,55 @@ __device__ __forceinline__ void ecu_mma16816(
             "{%8,%9}, {%0,%1,%2,%3};"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* One KV value stored in the pool's dtype (bf16, fp8 e4m3 or f32). */
+__device__ __forceinline__ void ecu_kv_put(void *cache, int dtype, size_t i, float v)
+{
+    if (dtype == ENG_DTYPE_BF16)
+        ((__nv_bfloat16 *)cache)[i] = ecu_from_f32<__nv_bfloat16>(v);
+    else if (dtype == ENG_DTYPE_F8E4M3)
+        ((__nv_fp8_e4m3 *)cache)[i] = ecu_from_f32<__nv_fp8_e4m3>(v);
+    else
+        ((float *)cache)[i] = v;
+}
+
+/* The rope epilogue of a QKV product for one dims pair (i, i + head_dim / 2) of stacked head
+   h (q heads, then k, then v) of token row r, its values (va, vb) and angle (c, s): a q head
+   rotated into q (n, n_head, head_dim) f32, a k head rotated into the paged K pool and a v
+   head stored as it is in the V pool, at the token's cache row offset kvo. */
+__device__ __forceinline__ void ecu_rope_pair_put(float *q,
+                                                  void *k_cache,
+                                                  void *v_cache,
+                                                  int kv_dtype,
+                                                  size_t kvo,
+                                                  int r,
+                                                  int h,
+                                                  int i,
+                                                  int n_head,
+                                                  int n_kv_head,
+                                                  int head_dim,
+                                                  float va,
+                                                  float vb,
+                                                  float c,
+                                                  float s)
+{
+    const int hh = head_dim / 2;
+    if (h < n_head + n_kv_head) {
+        const float ra = va * c - vb * s, rb = vb * c + va * s;
+        if (h < n_head) {
+            float *qh = q + ((size_t)r * n_head + h) * head_dim;
+            qh[i] = ra, qh[i + hh] = rb;
+        } else {
+            const size_t at = kvo + (size_t)(h - n_head) * head_dim + i;
+            ecu_kv_put(k_cache, kv_dtype, at, ra);
+            ecu_kv_put(k_cache, kv_dtype, at + hh, rb);
+        }
+    } else {
+        const size_t at = kvo + (size_t)(h - n_head - n_kv_head) * head_dim + i;
+        ecu_kv_put(v_cache, kv_dtype, at, va);
+        ecu_kv_put(v_cache, kv_dtype, at + hh, vb);
+    }
 }
 
 /* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets it. */

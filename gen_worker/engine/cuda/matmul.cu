@@ -170,16 +170,6 @@ static __device__ __forceinline__ int s_gemv_row(int epi, int out_dim, int head_
     return o < out_dim ? o : -1;
 }
 
-static __device__ __forceinline__ void s_kv_put(void *cache, int dtype, size_t i, float v)
-{
-    if (dtype == ENG_DTYPE_BF16)
-        ((__nv_bfloat16 *)cache)[i] = ecu_from_f32<__nv_bfloat16>(v);
-    else if (dtype == ENG_DTYPE_F8E4M3)
-        ((__nv_fp8_e4m3 *)cache)[i] = ecu_from_f32<__nv_fp8_e4m3>(v);
-    else
-        ((float *)cache)[i] = v;
-}
-
 /* The rope epilogue's inputs of row group b for the thread that will rotate pair
    (threadIdx.x % (R/2)) of row threadIdx.x / (R/2): the angle's cosine and sine (q and k
    heads), read from the step's table, and the token's cache row offset. */
@@ -299,22 +289,8 @@ s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *ac
             if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
                 a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
             } else {
-                const int hh = hd / 2, h = o0 / hd, i = o0 % hd;
-                if (h < a.n_head + a.n_kv_head) {
-                    const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
-                    if (h < a.n_head) {
-                        float *q = a.out + ((size_t)r * a.n_head + h) * hd;
-                        q[i] = ra, q[i + hh] = rb;
-                    } else {
-                        const size_t at = kvo + (size_t)(h - a.n_head) * hd + i;
-                        s_kv_put(a.k_cache, a.kv_dtype, at, ra);
-                        s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
-                    }
-                } else {
-                    const size_t at = kvo + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
-                    s_kv_put(a.v_cache, a.kv_dtype, at, va);
-                    s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
-                }
+                ecu_rope_pair_put(a.out, a.k_cache, a.v_cache, a.kv_dtype, kvo, r, o0 / hd,
+                                  o0 % hd, a.n_head, a.n_kv_head, hd, va, vb, rc, rs);
             }
         }
     }
@@ -711,7 +687,7 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
 {
     /* a few rows: the tensor-core stream of skinny.cu, bias included */
     const int sk = ecu_skinny_matmul(st, out, xw, w, bias, dtype, n, in_dim, out_dim, acc,
-                                     acc ? ENG_LIN_ADD : ENG_LIN_PLAIN, NULL, ECU_TWIN_NONE);
+                                     acc ? ENG_LIN_ADD : ENG_LIN_PLAIN, NULL, ECU_TWIN_NONE, NULL);
     if (sk != 0)
         return sk < 0 ? sk : 0;
     ECU_TRY(s_lt(st, out, xw, w, dtype, n, in_dim, out_dim, acc));
@@ -800,6 +776,31 @@ int ecu_twin_begin(ecu_state_t *st, const float *of, int n, int dim, eng_dtype_t
     return 0;
 }
 
+/* The pair epilogue of linear f in skinny.cu's product, its input rounded in st->xconv: 1
+   launched, 0 when the shape does not fit, < 0 on error. */
+static int s_skinny_pair(eng_backend_t *be, float *out, const void *w, const void *bias,
+                         eng_dtype_t dtype, int n, int in_dim, int out_dim, const eng_linear_t *f)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (f->epi == ENG_LIN_SWIGLU) {
+        void *low;
+        int kind;
+        ECU_TRY(ecu_twin_begin(st, out, n, out_dim / 2, dtype, &low, &kind));
+        const int rc = ecu_skinny_matmul(st, out, st->xconv.ptr, w, bias, dtype, n, in_dim,
+                                         out_dim, false, ENG_LIN_SWIGLU, low, kind, NULL);
+        if (rc != 1)
+            ecu_twin_drop(st);
+        return rc;
+    }
+    ecu_skinny_rope_t r = {};
+    ECU_TRY(ecu_rope_table(st, f->pos, n, f->head_dim, f->theta, &r.angles));
+    ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &r.slots));
+    r.k_cache = f->k_cache, r.v_cache = f->v_cache, r.n_head = f->n_head;
+    r.n_kv_head = f->n_kv_head, r.head_dim = f->head_dim, r.kv_dtype = be->kv_dtype;
+    return ecu_skinny_matmul(st, out, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, false,
+                             ENG_LIN_ROPE_KV, NULL, ECU_TWIN_NONE, &r);
+}
+
 /* linear op by op, for shapes the fused GEMV does not take (more than st->gemv_max rows,
    unaligned rows, a norm in another dtype than W): the norm (written straight in the
    weights' dtype when cuBLASLt takes it), the product (the residual add as cuBLASLt's beta),
@@ -821,17 +822,12 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
         /* the norm writes the product's rounded input itself */
         ECU_TRY(ecu_buf_reserve(&st->xconv, (size_t)n * in_dim * 2));
         ECU_TRY(ecu_rmsnorm_round(st, st->xconv.ptr, x, f->norm_w, dtype, n, in_dim, f->eps));
-        if (f->epi == ENG_LIN_SWIGLU) {
-            /* a few rows: SwiGLU (and the down projection's twin) in the skinny product */
-            void *low;
-            int kind;
-            ECU_TRY(ecu_twin_begin(st, out, n, out_dim / 2, dtype, &low, &kind));
-            const int rc = ecu_skinny_matmul(st, out, st->xconv.ptr, w, bias, dtype, n, in_dim,
-                                             out_dim, false, ENG_LIN_SWIGLU, low, kind);
-            if (rc == 1)
-                return 0;
-            ecu_twin_drop(st);
-            ECU_TRY(rc);
+        if (!direct && n <= st->skinny_max) {
+            /* a few rows: the pair epilogue in the skinny product (SwiGLU with the down
+               projection's twin; RoPE with the KV stores) */
+            const int rc = s_skinny_pair(be, out, w, bias, dtype, n, in_dim, out_dim, f);
+            if (rc != 0)
+                return rc < 0 ? rc : 0;
         }
         ECU_TRY(s_lt_bias(st, y, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, acc));
     } else {

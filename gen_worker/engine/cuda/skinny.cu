@@ -20,44 +20,68 @@
     wait. Short matrices split K over the block's warps (segs, chosen like the GEMV's column
     segments: enough blocks for 2.5 resident waves), reduced in shared memory in segment
     order, so a result does not depend on the schedule. Accumulation is fp32 on the tensor
-    cores, as cuBLASLt's. ANVIL_CUDA_SKINNY_MAX=0 (st->skinny_max) keeps cuBLASLt (the A/B).
+    cores, as cuBLASLt's. The epilogue is the linear's (eng_ops.h): a plain store or the
+    residual add, and for the pair epilogues the tile's two rows are a pair, so the pair's two
+    sums meet in one thread: SwiGLU (rows g and g + 8 are gate j and up j; out gets silu(gate)
+    * up and the down projection's rounded twin) and RoPE (dims i and i + head_dim / 2 of one
+    head: q rotated out, k rotated into the paged pool, v stored; ecu_rope_pair_put), which
+    takes the SwiGLU and rope_kv_store kernels and their fp32 products' round trip out of a
+    layer. ANVIL_CUDA_SKINNY_MAX=0 (st->skinny_max) keeps cuBLASLt (the A/B).
 */
 #include "eng_cuda_internal.h"
 
 #define ECU_SKINNY_WARPS 8
 
-/* One warp per (16-feature tile, K segment); a block holds R = ECU_SKINNY_WARPS / segs tiles.
-   in_dim % (32 * U * segs) == 0 (the launcher checks); features past out_dim load the last
-   row and are not stored, rows of x past n load row n - 1 and are not stored. */
-template <int NT, int U, typename T, bool SW>
+/* The product's tile rows and its epilogue: S_OUT stores (or adds into) out (n, out_dim);
+   S_SWIGLU and S_ROPE pair a tile's rows (see the top of this file). */
+enum { S_OUT = 0, S_SWIGLU = 1, S_ROPE = 2 };
+
+typedef struct {
+    float *out;        /* S_OUT (n, out_dim); S_SWIGLU (n, out_dim / 2); S_ROPE q (n, n_head,
+                          head_dim) f32 */
+    const void *x;     /* (n, in_dim) T */
+    const void *bias;  /* (out_dim) T or NULL */
+    int n, in_dim, out_dim, segs, acc;
+    void *low;         /* S_SWIGLU: the twin (n, out_dim / 2) or NULL */
+    int kind;          /* ECU_TWIN_* */
+    ecu_skinny_rope_t rope;
+} s_skinny_args_t;
+
+/* tiles of the product: 16 features, 8 gate/up pairs, or 8 dims pairs of a head */
+static long s_skinny_tiles(int epi, int out_dim, int head_dim)
+{
+    return epi == S_SWIGLU ? (out_dim / 2 + 7) / 8
+           : epi == S_ROPE ? (long)out_dim / head_dim * (head_dim / 16)
+                           : (out_dim + 15) / 16;
+}
+
+/* One warp per (tile, K segment); a block holds R = ECU_SKINNY_WARPS / segs tiles. in_dim %
+   (32 * U * segs) == 0 (the launcher checks); tile rows past the end load the last row and
+   are not stored, rows of x past n load row n - 1 and are not stored. */
+template <int NT, int U, typename T, int EPI>
 static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
-    s_skinny_kernel(const T *w /* (out_dim, in_dim) */,
-                    const T *x /* (n, in_dim) */,
-                    float *out /* (n, out_dim) f32; SW (n, out_dim / 2) */,
-                    const T *bias /* (out_dim) or NULL */,
-                    int n,
-                    int in_dim,
-                    int out_dim,
-                    int segs,
-                    int acc,
-                    void *low /* SW: the twin (n, out_dim / 2) or NULL */,
-                    int kind /* ECU_TWIN_* */)
+    s_skinny_kernel(const T *w /* (out_dim, in_dim) */, const s_skinny_args_t a)
 {
     __shared__ float4 red[ECU_SKINNY_WARPS][NT][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int R = ECU_SKINNY_WARPS / segs, lr = warp / segs, seg = warp % segs;
-    const int tile = blockIdx.x * R + lr, len = in_dim / segs, ffn = out_dim / 2;
+    const int segs = a.segs, R = ECU_SKINNY_WARPS / segs, lr = warp / segs, seg = warp % segs;
+    const int n = a.n, in_dim = a.in_dim, out_dim = a.out_dim, ffn = out_dim / 2;
+    const int hd = a.rope.head_dim, hh = hd / 2;
+    const int tile = blockIdx.x * R + lr, len = in_dim / segs;
     const int kbeg = seg * len + 8 * t, kend = (seg + 1) * len;
-    /* the tile's rows g and g + 8: features 16 tile + g and + 8, or (SW) gate and up of
-       feature 8 tile + g of the ffn */
-    const int o0 = SW ? 8 * tile : 16 * tile;
-    const int ra = SW ? min(o0 + g, ffn - 1) : min(o0 + g, out_dim - 1);
-    const int rb = SW ? ffn + ra : min(o0 + g + 8, out_dim - 1);
+    /* the tile's rows g and g + 8 (ra, rb): features 16 tile + g and + 8; gate and up of
+       feature f = 8 tile + g; dims i and i + hh of head h */
+    const int h = EPI == S_ROPE ? tile / (hh / 8) : 0, i = EPI == S_ROPE ? tile % (hh / 8) * 8 + g : 0;
+    const int f = EPI == S_OUT ? 16 * tile + g : 8 * tile + g;
+    const int ra = EPI == S_SWIGLU ? min(f, ffn - 1)
+                   : EPI == S_ROPE ? h * hd + i
+                                   : min(f, out_dim - 1);
+    const int rb = EPI == S_SWIGLU ? ffn + ra : EPI == S_ROPE ? ra + hh : min(f + 8, out_dim - 1);
     const T *wa = w + (size_t)ra * in_dim, *wb = w + (size_t)rb * in_dim;
     const T *xr[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++)
-        xr[j] = x + (size_t)min(8 * j + g, n - 1) * in_dim;
+        xr[j] = (const T *)a.x + (size_t)min(8 * j + g, n - 1) * in_dim;
     uint4 cw[U][2], cx[U][NT];
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -93,10 +117,10 @@ static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                ecu_mma16816<T>(acc4[j], cw[u][0].x, cw[u][1].x, cw[u][0].y, cw[u][1].y, cx[u][j].x,
-                                cx[u][j].y);
-                ecu_mma16816<T>(acc4[j], cw[u][0].z, cw[u][1].z, cw[u][0].w, cw[u][1].w, cx[u][j].z,
-                                cx[u][j].w);
+                ecu_mma16816<T>(acc4[j], cw[u][0].x, cw[u][1].x, cw[u][0].y, cw[u][1].y,
+                                cx[u][j].x, cx[u][j].y);
+                ecu_mma16816<T>(acc4[j], cw[u][0].z, cw[u][1].z, cw[u][0].w, cw[u][1].w,
+                                cx[u][j].z, cx[u][j].w);
             }
         if (!more)
             break;
@@ -124,41 +148,49 @@ static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
                 acc4[j][0] += p.x, acc4[j][1] += p.y, acc4[j][2] += p.z, acc4[j][3] += p.w;
             }
     }
-    /* the fragment: acc4[j][e] is tile row g (+ 8 for e >= 2) of x's row 8 j + 2 t (+ 1 for
+    /* the fragment: acc4[j][e] is tile row g (ra; rb for e >= 2) of x's row 8 j + 2 t (+ 1 for
        odd e) */
-    if constexpr (SW) {
-        const int f = o0 + g;
-        if (f >= ffn)
+    const T *bias = (const T *)a.bias;
+    if constexpr (EPI != S_OUT) {
+        if (EPI == S_SWIGLU && f >= ffn)
             return;
-        const float bg = bias ? ecu_ld<T>(bias, f) : 0.0f;
-        const float bu = bias ? ecu_ld<T>(bias, ffn + f) : 0.0f;
+        const float ba = bias ? ecu_ld<T>(bias, ra) : 0.0f;
+        const float bb = bias ? ecu_ld<T>(bias, rb) : 0.0f;
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int r = 8 * j + 2 * t + e;
-                if (r < n) {
-                    const float gv = acc4[j][e] + bg, uv = acc4[j][e + 2] + bu;
-                    const float v = gv / (1.0f + expf(-gv)) * uv;
-                    out[(size_t)r * ffn + f] = v;
-                    ecu_twin_store(low, kind, (size_t)r * ffn + f, v);
+                if (r >= n)
+                    continue;
+                const float va = acc4[j][e] + ba, vb = acc4[j][e + 2] + bb;
+                if constexpr (EPI == S_SWIGLU) {
+                    const float v = va / (1.0f + expf(-va)) * vb;
+                    a.out[(size_t)r * ffn + f] = v;
+                    ecu_twin_store(a.low, a.kind, (size_t)r * ffn + f, v);
+                } else {
+                    const ecu_skinny_rope_t &q = a.rope;
+                    const float2 cs = q.angles[(size_t)r * hh + i];
+                    const size_t kvo = (size_t)q.slots[r] * q.n_kv_head * hd;
+                    ecu_rope_pair_put(a.out, q.k_cache, q.v_cache, q.kv_dtype, kvo, r, h, i,
+                                      q.n_head, q.n_kv_head, hd, va, vb, cs.x, cs.y);
                 }
             }
         return;
     }
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        const int f = o0 + g + (e >= 2 ? 8 : 0);
-        if (f >= out_dim)
+        const int o = e >= 2 ? f + 8 : f;
+        if (o >= out_dim)
             continue;
-        const float bv = bias ? ecu_ld<T>(bias, f) : 0.0f;
+        const float bv = bias ? ecu_ld<T>(bias, o) : 0.0f;
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             const int r = 8 * j + 2 * t + (e & 1);
             if (r < n) {
-                float *p = out + (size_t)r * out_dim + f;
+                float *p = a.out + (size_t)r * out_dim + o;
                 const float v = acc4[j][e] + bv;
-                *p = acc ? *p + v : v;
+                *p = a.acc ? *p + v : v;
             }
         }
     }
@@ -166,12 +198,12 @@ static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
 
 /* K segments a tile: doubled from 1 while the grid holds fewer than st->gemv_waves2 / 2
    resident waves and a segment keeps >= 512 columns in whole chunks. */
-template <int NT, int U, typename T, bool SW>
+template <int NT, int U, typename T, int EPI>
 static int s_skinny_segs(const ecu_state_t *st, int in_dim, long tiles)
 {
     static int per_sm = 0; /* resident blocks an SM, per instantiation */
     if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                            &per_sm, s_skinny_kernel<NT, U, T, SW>, ECU_SKINNY_WARPS * 32, 0) !=
+                            &per_sm, s_skinny_kernel<NT, U, T, EPI>, ECU_SKINNY_WARPS * 32, 0) !=
                             cudaSuccess ||
                         per_sm <= 0))
         per_sm = 1;
@@ -184,61 +216,63 @@ static int s_skinny_segs(const ecu_state_t *st, int in_dim, long tiles)
     return segs;
 }
 
-template <int NT, int U, typename T, bool SW>
-static int s_skinny_launch_n(const ecu_state_t *st, float *out, const T *x, const T *w,
-                             const T *bias, int n, int in_dim, int out_dim, bool acc, void *low,
-                             int kind)
+template <int NT, int U, typename T, int EPI>
+static int s_skinny_launch_n(const ecu_state_t *st, const T *w, s_skinny_args_t a)
 {
-    if (in_dim % (32 * U) != 0)
+    if (a.in_dim % (32 * U) != 0)
         return 0;
-    const long tiles = SW ? (out_dim / 2 + 7) / 8 : (out_dim + 15) / 16;
-    const int segs = s_skinny_segs<NT, U, T, SW>(st, in_dim, tiles);
-    const int R = ECU_SKINNY_WARPS / segs;
+    const long tiles = s_skinny_tiles(EPI, a.out_dim, a.rope.head_dim);
+    a.segs = s_skinny_segs<NT, U, T, EPI>(st, a.in_dim, tiles);
+    const int R = ECU_SKINNY_WARPS / a.segs;
     const unsigned blocks = (unsigned)((tiles + R - 1) / R);
-    ECU_CHECK(ecu_launch(st, s_skinny_kernel<NT, U, T, SW>, dim3(blocks),
-                         dim3(ECU_SKINNY_WARPS * 32), 0, w, x, out, bias, n, in_dim, out_dim,
-                         segs, (int)acc, low, kind));
+    ECU_CHECK(ecu_launch(st, s_skinny_kernel<NT, U, T, EPI>, dim3(blocks),
+                         dim3(ECU_SKINNY_WARPS * 32), 0, w, a));
     return 1;
 }
 
-template <typename T, bool SW>
-static int s_skinny_launch_t(const ecu_state_t *st, float *out, const void *x, const void *w,
-                             const void *bias, int n, int in_dim, int out_dim, bool acc,
-                             void *low, int kind)
+template <typename T, int EPI>
+static int s_skinny_launch_t(const ecu_state_t *st, const void *w, const s_skinny_args_t &a)
 {
-    const T *xt = (const T *)x, *wt = (const T *)w, *bt = (const T *)bias;
-    if (n <= 8)
-        return s_skinny_launch_n<1, 4, T, SW>(st, out, xt, wt, bt, n, in_dim, out_dim, acc, low,
-                                              kind);
-    return s_skinny_launch_n<2, 2, T, SW>(st, out, xt, wt, bt, n, in_dim, out_dim, acc, low,
-                                          kind);
+    if (a.n <= 8)
+        return s_skinny_launch_n<1, 4, T, EPI>(st, (const T *)w, a);
+    return s_skinny_launch_n<2, 2, T, EPI>(st, (const T *)w, a);
 }
 
 template <typename T>
-static int s_skinny_launch_e(const ecu_state_t *st, float *out, const void *x, const void *w,
-                             const void *bias, int n, int in_dim, int out_dim, bool acc, int epi,
-                             void *low, int kind)
+static int s_skinny_launch_e(const ecu_state_t *st, const void *w, int epi,
+                             const s_skinny_args_t &a)
 {
     if (epi == ENG_LIN_SWIGLU)
-        return s_skinny_launch_t<T, true>(st, out, x, w, bias, n, in_dim, out_dim, false, low,
-                                          kind);
-    return s_skinny_launch_t<T, false>(st, out, x, w, bias, n, in_dim, out_dim, acc, NULL,
-                                       ECU_TWIN_NONE);
+        return s_skinny_launch_t<T, S_SWIGLU>(st, w, a);
+    if (epi == ENG_LIN_ROPE_KV)
+        return s_skinny_launch_t<T, S_ROPE>(st, w, a);
+    return s_skinny_launch_t<T, S_OUT>(st, w, a);
 }
 
 int ecu_skinny_matmul(const ecu_state_t *st, float *out, const void *xw, const void *w,
                       const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
-                      bool acc, int epi, void *low, int kind)
+                      bool acc, int epi, void *low, int kind, const ecu_skinny_rope_t *rope)
 {
     if (n < 1 || n > st->skinny_max || n > ECU_SKINNY_MAX || (uintptr_t)xw % 16 ||
-        (uintptr_t)w % 16 || in_dim % 8 || (epi == ENG_LIN_SWIGLU && (out_dim % 2 || acc)) ||
-        (epi != ENG_LIN_SWIGLU && epi != ENG_LIN_PLAIN && epi != ENG_LIN_ADD))
+        (uintptr_t)w % 16 || in_dim % 8 || (dtype != ENG_DTYPE_BF16 && dtype != ENG_DTYPE_F16))
         return 0;
+    s_skinny_args_t a = {};
+    a.out = out, a.x = xw, a.bias = bias, a.n = n, a.in_dim = in_dim, a.out_dim = out_dim;
+    a.acc = acc;
+    if (epi == ENG_LIN_SWIGLU) {
+        if (out_dim % 2 || acc)
+            return 0;
+        a.low = low, a.kind = kind;
+    } else if (epi == ENG_LIN_ROPE_KV) {
+        /* whole tiles of 8 dims pairs a head */
+        if (!rope || acc || rope->head_dim % 16 ||
+            out_dim != (rope->n_head + 2 * rope->n_kv_head) * rope->head_dim)
+            return 0;
+        a.rope = *rope;
+    } else if (epi != ENG_LIN_PLAIN && epi != ENG_LIN_ADD) {
+        return 0;
+    }
     if (dtype == ENG_DTYPE_BF16)
-        return s_skinny_launch_e<__nv_bfloat16>(st, out, xw, w, bias, n, in_dim, out_dim, acc,
-                                                epi, low, kind);
-    if (dtype == ENG_DTYPE_F16)
-        return s_skinny_launch_e<__half>(st, out, xw, w, bias, n, in_dim, out_dim, acc, epi, low,
-                                         kind);
-    return 0;
+        return s_skinny_launch_e<__nv_bfloat16>(st, w, epi, a);
+    return s_skinny_launch_e<__half>(st, w, epi, a);
 }
