@@ -851,11 +851,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
         s_vpairs<T, VW>(vw[s][1][0], vw[s][1][1], a1);
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            ecu_mma16816<T>(oacc[i], a0[i], a0[MT + i], a1[i], a1[MT + i], ph[s][0],
-                          ph[s][1]);
+            ecu_mma16816<T>(oacc[i], a0[i], a0[MT + i], a1[i], a1[MT + i], ph[s][0], ph[s][1]);
             if constexpr (G > 4)
-                ecu_mma16816<T>(oacc2[i], a0[i], a0[MT + i], a1[i], a1[MT + i], pl[s][0],
-                              pl[s][1]);
+                ecu_mma16816<T>(oacc2[i], a0[i], a0[MT + i], a1[i], a1[MT + i], pl[s][0], pl[s][1]);
         }
     }
     /* the warp's (dim, column) results into shared memory; columns: query n (G = 8: hi +

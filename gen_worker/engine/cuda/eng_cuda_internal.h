@@ -96,8 +96,10 @@ enum {
 
 /* The most rows the GEMV takes (matmul.cu; st->gemv_max picks up to this many). */
 #define ECU_GEMV_MAX 8
-/* The most rows the tensor-core skinny product takes (skinny.cu; st->skinny_max). */
-#define ECU_SKINNY_MAX 16
+/* The most rows the tensor-core skinny product takes (skinny.cu; st->skinny_max picks up to
+   this many, ECU_SKINNY_DEFAULT by default). */
+#define ECU_SKINNY_MAX     16
+#define ECU_SKINNY_DEFAULT 8
 
 /* Attention plan of one batch (see attention.cu): device arrays plus sizes. */
 typedef struct {
@@ -133,7 +135,7 @@ typedef struct {
     int gemv_rope;              /* rope + KV store in the QKV GEMV's epilogue (default; A/B) */
     int gemv_max;               /* rows up to which matmuls take the GEMV (matmul.cu; <= 8) */
     int gemv_balance;           /* persistent GEMV grids sized for whole rounds (default; A/B) */
-    int skinny_max;             /* rows up to which skinny.cu replaces cuBLASLt (<= 16) */
+    int skinny_max;             /* rows up to which skinny.cu replaces cuBLASLt (8; <= 16) */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */

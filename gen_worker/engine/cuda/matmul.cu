@@ -11,7 +11,9 @@
     first weight loads are issued before it waits for the kernel before it. Above that,
     cuBLASLt: x is rounded to the weight dtype into a scratch buffer and the product runs on
     the tensor cores with fp32 accumulation and an fp32 output (fp32 weights: a plain fp32
-    product); algorithms come from the heuristic once per shape and are cached. A bias, when
+    product); algorithms come from the heuristic once per shape and are cached. Up to
+    st->skinny_max rows (8) skinny.cu's tensor-core stream takes cuBLASLt's place, with the
+    linear's pair epilogues (SwiGLU, RoPE + KV store) in its own. A bias, when
     given, is added by a small kernel.
     linear (ecu_linear) makes the GEMV do its neighbours' work, so that a decode layer at small
     batch is six kernels instead of ten: the RMSNorm of its input is folded into the sum (at
@@ -289,8 +291,8 @@ s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *ac
             if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
                 a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
             } else {
-                ecu_rope_pair_put(a.out, a.k_cache, a.v_cache, a.kv_dtype, kvo, r, o0 / hd,
-                                  o0 % hd, a.n_head, a.n_kv_head, hd, va, vb, rc, rs);
+                ecu_rope_pair_put(a.out, a.k_cache, a.v_cache, a.kv_dtype, kvo, r, o0 / hd, o0 % hd,
+                                  a.n_head, a.n_kv_head, hd, va, vb, rc, rs);
             }
         }
     }
@@ -778,16 +780,23 @@ int ecu_twin_begin(ecu_state_t *st, const float *of, int n, int dim, eng_dtype_t
 
 /* The pair epilogue of linear f in skinny.cu's product, its input rounded in st->xconv: 1
    launched, 0 when the shape does not fit, < 0 on error. */
-static int s_skinny_pair(eng_backend_t *be, float *out, const void *w, const void *bias,
-                         eng_dtype_t dtype, int n, int in_dim, int out_dim, const eng_linear_t *f)
+static int s_skinny_pair(eng_backend_t *be,
+                         float *out,
+                         const void *w,
+                         const void *bias,
+                         eng_dtype_t dtype,
+                         int n,
+                         int in_dim,
+                         int out_dim,
+                         const eng_linear_t *f)
 {
     ecu_state_t *st = ecu_st(be);
     if (f->epi == ENG_LIN_SWIGLU) {
         void *low;
         int kind;
         ECU_TRY(ecu_twin_begin(st, out, n, out_dim / 2, dtype, &low, &kind));
-        const int rc = ecu_skinny_matmul(st, out, st->xconv.ptr, w, bias, dtype, n, in_dim,
-                                         out_dim, false, ENG_LIN_SWIGLU, low, kind, NULL);
+        const int rc = ecu_skinny_matmul(st, out, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim,
+                                         false, ENG_LIN_SWIGLU, low, kind, NULL);
         if (rc != 1)
             ecu_twin_drop(st);
         return rc;

@@ -26,7 +26,16 @@
     * up and the down projection's rounded twin) and RoPE (dims i and i + head_dim / 2 of one
     head: q rotated out, k rotated into the paged pool, v stored; ecu_rope_pair_put), which
     takes the SwiGLU and rope_kv_store kernels and their fp32 products' round trip out of a
-    layer. ANVIL_CUDA_SKINNY_MAX=0 (st->skinny_max) keeps cuBLASLt (the A/B).
+    layer. ANVIL_CUDA_SKINNY_MAX (st->skinny_max): the most rows it takes, 8 by default; 0
+    keeps cuBLASLt (the A/B).
+    On the H100 (2026-12-06, one warm machine, graphs, prompt 512, 256 new): batch 2 / 4 / 8
+    decode at 333.5 / 654.7 / 1281.5 tok/s against 312.6 / 608.9 / 1197.0 on cuBLASLt (x1.067 /
+    x1.075 / x1.070, two runs each); a product on its own (anvil-bench-engine --linear 8,
+    epilogues included): QKV 23.2 us against 26.9, O 17.7 / 19.9, gate|up 83.6 / 89.1, down
+    46.9 / 48.6, lm_head 435 / 465; a layer 171.4 / 184.5 us (0.843 / 0.783 of the copy). At
+    9 to 16 rows (two n-tiles, U = 2 to keep two blocks an SM) it loses: batch 16 2164.0 /
+    2156.6 against 2242.3 / 2241.0 (x0.964; a layer 192.4 us against 186.9), so those stay on
+    cuBLASLt unless ANVIL_CUDA_SKINNY_MAX says otherwise.
 */
 #include "eng_cuda_internal.h"
 
@@ -37,13 +46,13 @@
 enum { S_OUT = 0, S_SWIGLU = 1, S_ROPE = 2 };
 
 typedef struct {
-    float *out;        /* S_OUT (n, out_dim); S_SWIGLU (n, out_dim / 2); S_ROPE q (n, n_head,
-                          head_dim) f32 */
-    const void *x;     /* (n, in_dim) T */
-    const void *bias;  /* (out_dim) T or NULL */
+    float *out;       /* S_OUT (n, out_dim); S_SWIGLU (n, out_dim / 2); S_ROPE q (n, n_head,
+                         head_dim) f32 */
+    const void *x;    /* (n, in_dim) T */
+    const void *bias; /* (out_dim) T or NULL */
     int n, in_dim, out_dim, segs, acc;
-    void *low;         /* S_SWIGLU: the twin (n, out_dim / 2) or NULL */
-    int kind;          /* ECU_TWIN_* */
+    void *low; /* S_SWIGLU: the twin (n, out_dim / 2) or NULL */
+    int kind;  /* ECU_TWIN_* */
     ecu_skinny_rope_t rope;
 } s_skinny_args_t;
 
@@ -71,7 +80,8 @@ static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
     const int kbeg = seg * len + 8 * t, kend = (seg + 1) * len;
     /* the tile's rows g and g + 8 (ra, rb): features 16 tile + g and + 8; gate and up of
        feature f = 8 tile + g; dims i and i + hh of head h */
-    const int h = EPI == S_ROPE ? tile / (hh / 8) : 0, i = EPI == S_ROPE ? tile % (hh / 8) * 8 + g : 0;
+    const int h = EPI == S_ROPE ? tile / (hh / 8) : 0,
+              i = EPI == S_ROPE ? tile % (hh / 8) * 8 + g : 0;
     const int f = EPI == S_OUT ? 16 * tile + g : 8 * tile + g;
     const int ra = EPI == S_SWIGLU ? min(f, ffn - 1)
                    : EPI == S_ROPE ? h * hd + i
@@ -117,10 +127,10 @@ static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                ecu_mma16816<T>(acc4[j], cw[u][0].x, cw[u][1].x, cw[u][0].y, cw[u][1].y,
-                                cx[u][j].x, cx[u][j].y);
-                ecu_mma16816<T>(acc4[j], cw[u][0].z, cw[u][1].z, cw[u][0].w, cw[u][1].w,
-                                cx[u][j].z, cx[u][j].w);
+                ecu_mma16816<T>(acc4[j], cw[u][0].x, cw[u][1].x, cw[u][0].y, cw[u][1].y, cx[u][j].x,
+                                cx[u][j].y);
+                ecu_mma16816<T>(acc4[j], cw[u][0].z, cw[u][1].z, cw[u][0].w, cw[u][1].w, cx[u][j].z,
+                                cx[u][j].w);
             }
         if (!more)
             break;
@@ -202,10 +212,10 @@ template <int NT, int U, typename T, int EPI>
 static int s_skinny_segs(const ecu_state_t *st, int in_dim, long tiles)
 {
     static int per_sm = 0; /* resident blocks an SM, per instantiation */
-    if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                            &per_sm, s_skinny_kernel<NT, U, T, EPI>, ECU_SKINNY_WARPS * 32, 0) !=
-                            cudaSuccess ||
-                        per_sm <= 0))
+    if (per_sm == 0 &&
+        (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, s_skinny_kernel<NT, U, T, EPI>,
+                                                       ECU_SKINNY_WARPS * 32, 0) != cudaSuccess ||
+         per_sm <= 0))
         per_sm = 1;
     const long slots = (long)st->n_sm * per_sm;
     int segs = 1;
@@ -239,8 +249,8 @@ static int s_skinny_launch_t(const ecu_state_t *st, const void *w, const s_skinn
 }
 
 template <typename T>
-static int s_skinny_launch_e(const ecu_state_t *st, const void *w, int epi,
-                             const s_skinny_args_t &a)
+static int
+s_skinny_launch_e(const ecu_state_t *st, const void *w, int epi, const s_skinny_args_t &a)
 {
     if (epi == ENG_LIN_SWIGLU)
         return s_skinny_launch_t<T, S_SWIGLU>(st, w, a);
@@ -249,9 +259,20 @@ static int s_skinny_launch_e(const ecu_state_t *st, const void *w, int epi,
     return s_skinny_launch_t<T, S_OUT>(st, w, a);
 }
 
-int ecu_skinny_matmul(const ecu_state_t *st, float *out, const void *xw, const void *w,
-                      const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
-                      bool acc, int epi, void *low, int kind, const ecu_skinny_rope_t *rope)
+int ecu_skinny_matmul(const ecu_state_t *st,
+                      float *out,
+                      const void *xw,
+                      const void *w,
+                      const void *bias,
+                      eng_dtype_t dtype,
+                      int n,
+                      int in_dim,
+                      int out_dim,
+                      bool acc,
+                      int epi,
+                      void *low,
+                      int kind,
+                      const ecu_skinny_rope_t *rope)
 {
     if (n < 1 || n > st->skinny_max || n > ECU_SKINNY_MAX || (uintptr_t)xw % 16 ||
         (uintptr_t)w % 16 || in_dim % 8 || (dtype != ENG_DTYPE_BF16 && dtype != ENG_DTYPE_F16))
