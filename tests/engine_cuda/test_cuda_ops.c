@@ -104,6 +104,10 @@ static void test_embedding_norm(eng_dtype_t dt)
     free(d);
 }
 
+/* names the path under test in the matmul and linear checks (test_linear_segs, the GEMV and
+   skinny A/Bs) */
+static const char *s_lin_tag = "";
+
 static void test_matmul(eng_dtype_t dt, int n, int in, int outd, int bias)
 {
     char name[96];
@@ -124,8 +128,8 @@ static void test_matmul(eng_dtype_t dt, int n, int in, int outd, int bias)
        rounded to the weight dtype for the tensor cores */
     const int gemv = n <= eng_cuda_gemv_rows(gpu, -1);
     double tol = gemv || dt == ENG_DTYPE_F32 ? 2e-5 : dt == ENG_DTYPE_BF16 ? 1e-2 : 2e-3;
-    snprintf(name, sizeof(name), "matmul %s n=%d %dx%d%s%s", eng_dtype_name(dt), n, in, outd,
-             bias ? " +bias" : "", gemv ? " (gemv)" : "");
+    snprintf(name, sizeof(name), "matmul %s n=%d %dx%d%s%s%s", eng_dtype_name(dt), n, in, outd,
+             bias ? " +bias" : "", gemv ? " (gemv)" : "", s_lin_tag);
     ecu_t_close(name, got, ref, (size_t)n * outd, tol);
     gpu->free(gpu, gw), gpu->free(gpu, gb), gpu->free(gpu, gx), gpu->free(gpu, go);
     free(w), free(wr), free(wh), free(b), free(br), free(bh), free(x), free(ref), free(got);
@@ -427,9 +431,6 @@ static void test_attention_long(void)
     free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref), free(got);
 }
 
-/* test_linear_segs' tag for the check names */
-static const char *s_lin_tag = "";
-
 /* linear (the fused matmul) on backend be against the CPU's composition: epilogue epi, the
    norm folded in or not, a bias or not. n up to the backend's GEMV rows (eng_cuda_gemv_rows:
    1 by default, 8 in test_linears' second pass) runs the fused GEMV (fp32 math: tolerance
@@ -592,8 +593,49 @@ static void test_linears_gemv8(void)
                 "eng_cuda_gemv_rows refuses 9 and the CPU backend, and keeps its value");
 }
 
-/* One layer's two consumer pairs on backend be (weights dt, 16 rows: cuBLASLt), result in
-   res (n, H) downloaded: x -> gate|up linear (norm, SwiGLU) -> down linear (residual add)
+/* The tensor-core skinny product (skinny.cu; up to 16 rows above the GEMV's, 8 by default)
+   against the CPU: down's 14336 columns (8 K segments a tile), gate|up's 28672 features,
+   features past a 16-row tile (600, 1032), 9 to 16 rows (two n-tiles, rows past n clamped),
+   in_dim 1000 (no whole 64-column chunks: cuBLASLt takes it), the residual add (acc) with a
+   bias, the pair epilogues (SwiGLU with ffn 518 and 1500: a tile past the end; RoPE + KV
+   store with bf16 and fp8 pools); then the same with cuBLASLt (eng_cuda_skinny_rows 0, the
+   A/B); the setting's bounds. */
+static void test_skinny(void)
+{
+    static const struct {
+        int n, in, out, bias;
+    } cs[] = {{2, 4096, 1032, 1},   {7, 14336, 4096, 0}, {8, 2048, 6144, 1},  {9, 4096, 600, 0},
+              {16, 14336, 4096, 1}, {16, 1000, 96, 0},   {13, 4096, 28672, 0}};
+    const eng_dtype_t dts[2] = {ENG_DTYPE_BF16, ENG_DTYPE_F16};
+    const int def = eng_cuda_skinny_rows(gpu, -1);
+    ecu_t_check(def == 8, "eng_cuda_skinny_rows: 8 by default");
+    for (int pass = 0; pass < 2; pass++) {
+        s_lin_tag = pass ? " (cublaslt)" : " (skinny)";
+        ecu_t_check(eng_cuda_skinny_rows(gpu, pass ? 0 : 16) == (pass ? 0 : 16) &&
+                        eng_cuda_skinny_rows(gpu8, pass ? 0 : 16) == (pass ? 0 : 16),
+                    "eng_cuda_skinny_rows sets its rows");
+        for (int d = 0; d < 2; d++)
+            for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++)
+                test_matmul(dts[d], cs[c].n, cs[c].in, cs[c].out, cs[c].bias);
+        test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ADD, 16, 14336, 4096, 0, 1);
+        test_linear(gpu, ENG_DTYPE_F16, ENG_LIN_ADD, 5, 4096, 1000, 1, 0);
+        test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 12, 4096, 2816, 1, 1);
+        test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_SWIGLU, 9, 1024, 1036, 1, 1);
+        test_linear(gpu, ENG_DTYPE_F16, ENG_LIN_SWIGLU, 3, 2048, 3000, 1, 0);
+        test_linear(gpu, ENG_DTYPE_BF16, ENG_LIN_ROPE_KV, 12, 1024, 1536, 1, 1);
+        test_linear(gpu8, ENG_DTYPE_BF16, ENG_LIN_ROPE_KV, 16, 4096, 1536, 1, 0);
+        test_linear(gpu8, ENG_DTYPE_F16, ENG_LIN_ROPE_KV, 5, 2048, 1536, 1, 0);
+    }
+    s_lin_tag = "";
+    eng_cuda_skinny_rows(gpu, def);
+    eng_cuda_skinny_rows(gpu8, def);
+    ecu_t_check(eng_cuda_skinny_rows(gpu, 17) == -EINVAL &&
+                    eng_cuda_skinny_rows(cpu, 1) == -EINVAL && eng_cuda_skinny_rows(gpu, -1) == def,
+                "eng_cuda_skinny_rows refuses 17 and the CPU backend, and keeps its value");
+}
+
+/* One layer's two consumer pairs on backend be (weights dt, c->n rows), result in res (n, H)
+   downloaded: x -> gate|up linear (norm, SwiGLU) -> down linear (residual add)
    and q -> attention -> O linear (residual add), the consumers told x_from_prev = prev.
    mode 1 breaks the promise between producer and consumer (the producer's out is zeroed
    behind the backend's back), mode 2 gives the consumer another buffer of zeros. */
@@ -642,7 +684,8 @@ static void s_twin_run(eng_backend_t *be,
 
 /* Rounded twins (ecu_twin_begin): in a linear composed on cuBLASLt, SwiGLU also writes its
    output rounded for the down projection, and the attention's combine for the O projection,
-   which read it when told x_from_prev. Checked for bf16 and f16 weights on 16 decodes:
+   which read it when told x_from_prev. Checked for bf16 and f16 weights on N decodes (16:
+   cuBLASLt; 8: the skinny product, whose SwiGLU epilogue writes the twin):
    - x_from_prev 1 and 0 give the same bits (the twin is the rounding the product would do),
      and both stay within the CPU composition's bound;
    - with the producer's output zeroed between the two ops (a broken promise, only to observe
@@ -650,9 +693,8 @@ static void s_twin_run(eng_backend_t *be,
      x_from_prev 0 gives the residual untouched, and so does a backend with
      ANVIL_CUDA_TWIN=0 even with x_from_prev 1;
    - a consumer given another buffer (zeros) with x_from_prev 1 ignores the twin. */
-static void test_twins(eng_dtype_t dt)
+static void test_twins(eng_dtype_t dt, int N)
 {
-    enum { N = 16 };
     s_twin_case_t c = {.n = N, .H = 512, .F = 768, .nh = 8, .nkv = 2, .hd = 64, .bs = 16, .mb = 8};
     const int H = c.H, F = c.F, Q = c.nh * c.hd;
     size_t es = eng_dtype_size(dt), pool = (size_t)N * c.mb * c.bs * c.nkv * c.hd;
@@ -673,7 +715,7 @@ static void test_twins(eng_dtype_t dt)
     void *h_gu = s_weights(wgu, (size_t)2 * F * H, dt, r_gu),
          *h_d = s_weights(wd, (size_t)H * F, dt, r_d);
     void *h_o = s_weights(wo, (size_t)H * Q, dt, r_o), *h_g = s_weights(g, H, dt, r_g);
-    int32_t q_start[N + 1], ctx[N], *tables = malloc((size_t)N * c.mb * 4);
+    int32_t q_start[17], ctx[16], *tables = malloc((size_t)N * c.mb * 4); /* N <= 16 */
     for (int s = 0; s <= N; s++)
         q_start[s] = s;
     for (int s = 0; s < N; s++)
@@ -715,19 +757,19 @@ static void test_twins(eng_dtype_t dt)
         char name[160];
         for (int pr = 0; pr < 2; pr++) {
             const char *pn = pr ? "attention -> O" : "swiglu -> down";
-            snprintf(name, sizeof(name), "twin %s %s%s: against the CPU", pn, eng_dtype_name(dt),
-                     k ? " (twins off)" : "");
+            snprintf(name, sizeof(name), "twin %s %s n=%d%s: against the CPU", pn,
+                     eng_dtype_name(dt), N, k ? " (twins off)" : "");
             ecu_t_close(name, out[k][0][pr], pr ? ref_att : ref_mlp, (size_t)N * H,
                         dt == ENG_DTYPE_BF16 ? 1e-2 : 2e-3);
-            snprintf(name, sizeof(name), "twin %s %s%s: x_from_prev 1 and 0 the same bits", pn,
-                     eng_dtype_name(dt), k ? " (twins off)" : "");
+            snprintf(name, sizeof(name), "twin %s %s n=%d%s: x_from_prev 1 and 0 the same bits", pn,
+                     eng_dtype_name(dt), N, k ? " (twins off)" : "");
             ecu_t_check(memcmp(out[k][0][pr], out[k][1][pr], rn) == 0, name);
-            snprintf(name, sizeof(name), "twin %s %s%s: out zeroed behind its back -> %s", pn,
-                     eng_dtype_name(dt), k ? " (twins off)" : "",
+            snprintf(name, sizeof(name), "twin %s %s n=%d%s: out zeroed behind its back -> %s", pn,
+                     eng_dtype_name(dt), N, k ? " (twins off)" : "",
                      k ? "the residual untouched" : "the twin's product");
             ecu_t_check(memcmp(out[k][2][pr], k ? c.res0 : out[k][0][pr], rn) == 0, name);
-            snprintf(name, sizeof(name), "twin %s %s%s: another buffer ignores the twin", pn,
-                     eng_dtype_name(dt), k ? " (twins off)" : "");
+            snprintf(name, sizeof(name), "twin %s %s n=%d%s: another buffer ignores the twin", pn,
+                     eng_dtype_name(dt), N, k ? " (twins off)" : "");
             ecu_t_check(memcmp(oth[pr], c.res0, rn) == 0, name);
         }
         free(oth[0]), free(oth[1]);
@@ -1099,8 +1141,10 @@ int main(int argc, char **argv)
     test_linears();
     test_linears_gemv8();
     test_linear_segs();
-    test_twins(ENG_DTYPE_BF16);
-    test_twins(ENG_DTYPE_F16);
+    test_skinny();
+    test_twins(ENG_DTYPE_BF16, 16);
+    test_twins(ENG_DTYPE_F16, 16);
+    test_twins(ENG_DTYPE_BF16, 8);
     test_softmax_sample(gpu, "blocks a row by batch (the default)");
     s_sample_timing(gpu, "blocks a row by batch (the default)");
     /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), and the default without its

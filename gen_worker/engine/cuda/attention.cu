@@ -616,24 +616,6 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
    mma covers hi and lo; for G = 8 a second mma takes p_lo. K and V rows are all loaded before
    q is staged (one round trip a warp). */
 
-/* D += A B (m16n8k16, row.col, fp32 accumulate): f16 inputs for fp8 KV, bf16 for bf16 KV */
-template <typename T>
-static __device__ __forceinline__ void s_mma16816(float (&d)[4], unsigned a0, unsigned a1,
-                                                  unsigned a2, unsigned a3, unsigned b0,
-                                                  unsigned b1)
-{
-    if constexpr (sizeof(T) == 1)
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-            "{%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    else
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-            "{%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /* (x, y) as a pair of the mma's 16-bit type (x in the low half) and the pair of residuals */
 template <typename T>
 static __device__ __forceinline__ void s_hilo(float x, float y, unsigned &hi, unsigned &lo)
@@ -814,7 +796,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
                 b0 = s_e4m3x2_h2(kw[t][s]), b1 = s_e4m3x2_h2(kw[t][s] >> 16);
             else
                 b0 = kw[t][2 * s], b1 = kw[t][2 * s + 1];
-            s_mma16816<T>(sacc[t], a.x, a.y, a.z, a.w, b0, b1);
+            ecu_mma16816<T>(sacc[t], a.x, a.y, a.z, a.w, b0, b1);
         }
     }
     if constexpr (VL) /* K is used up: V's round trip overlaps the softmax */
@@ -869,11 +851,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
         s_vpairs<T, VW>(vw[s][1][0], vw[s][1][1], a1);
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            s_mma16816<T>(oacc[i], a0[i], a0[MT + i], a1[i], a1[MT + i], ph[s][0],
-                          ph[s][1]);
+            ecu_mma16816<T>(oacc[i], a0[i], a0[MT + i], a1[i], a1[MT + i], ph[s][0], ph[s][1]);
             if constexpr (G > 4)
-                s_mma16816<T>(oacc2[i], a0[i], a0[MT + i], a1[i], a1[MT + i], pl[s][0],
-                              pl[s][1]);
+                ecu_mma16816<T>(oacc2[i], a0[i], a0[MT + i], a1[i], a1[MT + i], pl[s][0], pl[s][1]);
         }
     }
     /* the warp's (dim, column) results into shared memory; columns: query n (G = 8: hi +

@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdint.h>
+#include <type_traits>
 
 extern "C" {
 #include "anv_error.h"
@@ -95,6 +96,10 @@ enum {
 
 /* The most rows the GEMV takes (matmul.cu; st->gemv_max picks up to this many). */
 #define ECU_GEMV_MAX 8
+/* The most rows the tensor-core skinny product takes (skinny.cu; st->skinny_max picks up to
+   this many, ECU_SKINNY_DEFAULT by default). */
+#define ECU_SKINNY_MAX     16
+#define ECU_SKINNY_DEFAULT 8
 
 /* Attention plan of one batch (see attention.cu): device arrays plus sizes. */
 typedef struct {
@@ -130,6 +135,7 @@ typedef struct {
     int gemv_rope;              /* rope + KV store in the QKV GEMV's epilogue (default; A/B) */
     int gemv_max;               /* rows up to which matmuls take the GEMV (matmul.cu; <= 8) */
     int gemv_balance;           /* persistent GEMV grids sized for whole rounds (default; A/B) */
+    int skinny_max;             /* rows up to which skinny.cu replaces cuBLASLt (8; <= 16) */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
@@ -141,7 +147,9 @@ typedef struct {
     int lt_next;
 
     ecu_buf_t xconv;            /* activations rounded for cuBLASLt */
-    /* What xconv holds when the op that wrote `of` (n, dim) f32 also wrote its rounding to
+    ecu_buf_t twinb;            /* a rounded twin (ecu_twin_begin): apart from xconv, so that
+                                   a product reading xconv may write the next one's twin */
+    /* What twinb holds when the op that wrote `of` (n, dim) f32 also wrote its rounding to
        `dtype` there (a rounded twin: ecu_twin_begin, matmul.cu); of == NULL: nothing known.
        A linear told x_from_prev (eng_linear_t) whose x, shape and dtype match reads it
        instead of rounding x again. twin_dtype: the weights' dtype of the last linear that
@@ -263,8 +271,39 @@ int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t
 int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, float theta,
                    const float2 **tab);
 
+/* The rope epilogue's inputs of a QKV product (skinny.cu): the step's angle table
+   (ecu_rope_table), the tokens' cache slots (device), the paged pools and the heads. */
+typedef struct {
+    const float2 *angles; /* (n, head_dim / 2) {cos, sin} */
+    const int32_t *slots; /* (n) device */
+    void *k_cache, *v_cache;
+    int n_head, n_kv_head, head_dim, kv_dtype;
+} ecu_skinny_rope_t;
+
+/* out (=, or += when acc) xw @ W^T + bias on the tensor cores for n <= st->skinny_max rows
+   (skinny.cu), xw and W in dtype (bf16 / f16), 16-byte aligned: 1 launched, 0 when the shape
+   or dtype does not fit (the caller runs cuBLASLt), < 0 on error. epi (eng_lin_epi_t) the
+   linear's epilogue: ENG_LIN_SWIGLU: W is gate|up (out_dim = 2 ffn) and out (n, ffn) gets
+   silu(gate) * up, also stored through ecu_twin_store(low, kind); ENG_LIN_ROPE_KV: out is q
+   (n, n_head, head_dim) and k, v go to rope's pools (head_dim a multiple of 16). Both
+   without acc. */
+int ecu_skinny_matmul(const ecu_state_t *st,
+                      float *out,
+                      const void *xw,
+                      const void *w,
+                      const void *bias,
+                      eng_dtype_t dtype,
+                      int n,
+                      int in_dim,
+                      int out_dim,
+                      bool acc,
+                      int epi,
+                      void *low,
+                      int kind,
+                      const ecu_skinny_rope_t *rope);
+
 /* Rounded twins (matmul.cu). An op about to write `of` (n, dim) f32 calls ecu_twin_begin
-   with the dtype its consumer's weights are likely in: it returns st->xconv, reserved and
+   with the dtype its consumer's weights are likely in: it returns st->twinb, reserved and
    tagged, when that consumer will run on cuBLASLt (n above st->gemv_max, bf16 / f16) and
    twins are on, setting *kind (ECU_TWIN_BF16 / _F16); else NULL and ECU_TWIN_NONE. Either
    way the previous tag is dropped. The kernel then stores each value of `of` also through
@@ -417,6 +456,73 @@ __device__ __forceinline__ void ecu_rope_angle(int pos, int i, int head_dim, flo
     float f = (float)pos * inv_freq;
     *c = cosf(f);
     *s = sinf(f);
+}
+
+/* D += A B (mma.sync m16n8k16, row.col, fp32 accumulate): bf16 inputs for T = bf16, f16
+   for the others (f16 weights; fp8 KV widened to f16 by the attention) */
+template <typename T>
+__device__ __forceinline__ void ecu_mma16816(
+    float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1)
+{
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* One KV value stored in the pool's dtype (bf16, fp8 e4m3 or f32). */
+__device__ __forceinline__ void ecu_kv_put(void *cache, int dtype, size_t i, float v)
+{
+    if (dtype == ENG_DTYPE_BF16)
+        ((__nv_bfloat16 *)cache)[i] = ecu_from_f32<__nv_bfloat16>(v);
+    else if (dtype == ENG_DTYPE_F8E4M3)
+        ((__nv_fp8_e4m3 *)cache)[i] = ecu_from_f32<__nv_fp8_e4m3>(v);
+    else
+        ((float *)cache)[i] = v;
+}
+
+/* The rope epilogue of a QKV product for one dims pair (i, i + head_dim / 2) of stacked head
+   h (q heads, then k, then v) of token row r, its values (va, vb) and angle (c, s): a q head
+   rotated into q (n, n_head, head_dim) f32, a k head rotated into the paged K pool and a v
+   head stored as it is in the V pool, at the token's cache row offset kvo. */
+__device__ __forceinline__ void ecu_rope_pair_put(float *q,
+                                                  void *k_cache,
+                                                  void *v_cache,
+                                                  int kv_dtype,
+                                                  size_t kvo,
+                                                  int r,
+                                                  int h,
+                                                  int i,
+                                                  int n_head,
+                                                  int n_kv_head,
+                                                  int head_dim,
+                                                  float va,
+                                                  float vb,
+                                                  float c,
+                                                  float s)
+{
+    const int hh = head_dim / 2;
+    if (h < n_head + n_kv_head) {
+        const float ra = va * c - vb * s, rb = vb * c + va * s;
+        if (h < n_head) {
+            float *qh = q + ((size_t)r * n_head + h) * head_dim;
+            qh[i] = ra, qh[i + hh] = rb;
+        } else {
+            const size_t at = kvo + (size_t)(h - n_head) * head_dim + i;
+            ecu_kv_put(k_cache, kv_dtype, at, ra);
+            ecu_kv_put(k_cache, kv_dtype, at + hh, rb);
+        }
+    } else {
+        const size_t at = kvo + (size_t)(h - n_head - n_kv_head) * head_dim + i;
+        ecu_kv_put(v_cache, kv_dtype, at, va);
+        ecu_kv_put(v_cache, kv_dtype, at + hh, vb);
+    }
 }
 
 /* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets it. */

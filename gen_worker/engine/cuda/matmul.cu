@@ -11,7 +11,9 @@
     first weight loads are issued before it waits for the kernel before it. Above that,
     cuBLASLt: x is rounded to the weight dtype into a scratch buffer and the product runs on
     the tensor cores with fp32 accumulation and an fp32 output (fp32 weights: a plain fp32
-    product); algorithms come from the heuristic once per shape and are cached. A bias, when
+    product); algorithms come from the heuristic once per shape and are cached. Up to
+    st->skinny_max rows (8) skinny.cu's tensor-core stream takes cuBLASLt's place, with the
+    linear's pair epilogues (SwiGLU, RoPE + KV store) in its own. A bias, when
     given, is added by a small kernel.
     linear (ecu_linear) makes the GEMV do its neighbours' work, so that a decode layer at small
     batch is six kernels instead of ten: the RMSNorm of its input is folded into the sum (at
@@ -24,7 +26,7 @@
     caches; their angles come from a table computed once a step, ecu_rope_table in rope.cu). Larger
     batches compose the same ops from the other kernels (the norm writes the product's rounded
     input itself, the residual add is cuBLASLt's beta; SwiGLU and the attention's combine write
-    their output rounded too, a rounded twin in xconv that the next product reads when the
+    their output rounded too, a rounded twin in twinb that the next product reads when the
     caller says x_from_prev: ecu_twin_begin; on the H100, 2026-12-05, graphs: +1.1 % at batch
     4, 16 and 64, +0.8 % at 256, +0.5 % at 256 x 2k fp8; ANVIL_CUDA_TWIN=0 is the A/B).
     Measured on the H200 and removed (graphs tok/s at batch 1 against the default): a cp.async
@@ -170,16 +172,6 @@ static __device__ __forceinline__ int s_gemv_row(int epi, int out_dim, int head_
     return o < out_dim ? o : -1;
 }
 
-static __device__ __forceinline__ void s_kv_put(void *cache, int dtype, size_t i, float v)
-{
-    if (dtype == ENG_DTYPE_BF16)
-        ((__nv_bfloat16 *)cache)[i] = ecu_from_f32<__nv_bfloat16>(v);
-    else if (dtype == ENG_DTYPE_F8E4M3)
-        ((__nv_fp8_e4m3 *)cache)[i] = ecu_from_f32<__nv_fp8_e4m3>(v);
-    else
-        ((float *)cache)[i] = v;
-}
-
 /* The rope epilogue's inputs of row group b for the thread that will rotate pair
    (threadIdx.x % (R/2)) of row threadIdx.x / (R/2): the angle's cosine and sine (q and k
    heads), read from the step's table, and the token's cache row offset. */
@@ -299,22 +291,8 @@ s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *ac
             if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
                 a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
             } else {
-                const int hh = hd / 2, h = o0 / hd, i = o0 % hd;
-                if (h < a.n_head + a.n_kv_head) {
-                    const float ra = va * rc - vb * rs, rb = vb * rc + va * rs;
-                    if (h < a.n_head) {
-                        float *q = a.out + ((size_t)r * a.n_head + h) * hd;
-                        q[i] = ra, q[i + hh] = rb;
-                    } else {
-                        const size_t at = kvo + (size_t)(h - a.n_head) * hd + i;
-                        s_kv_put(a.k_cache, a.kv_dtype, at, ra);
-                        s_kv_put(a.k_cache, a.kv_dtype, at + hh, rb);
-                    }
-                } else {
-                    const size_t at = kvo + (size_t)(h - a.n_head - a.n_kv_head) * hd + i;
-                    s_kv_put(a.v_cache, a.kv_dtype, at, va);
-                    s_kv_put(a.v_cache, a.kv_dtype, at + hh, vb);
-                }
+                ecu_rope_pair_put(a.out, a.k_cache, a.v_cache, a.kv_dtype, kvo, r, o0 / hd, o0 % hd,
+                                  a.n_head, a.n_kv_head, hd, va, vb, rc, rs);
             }
         }
     }
@@ -704,10 +682,16 @@ out:
     return rc;
 }
 
-/* cuBLASLt on an input already in the weights' dtype (xw), then the bias. */
+/* cuBLASLt on an input already in the weights' dtype (xw), then the bias; up to
+   st->skinny_max rows skinny.cu's product instead. */
 static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w, const void *bias,
                      eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
 {
+    /* a few rows: the tensor-core stream of skinny.cu, bias included */
+    const int sk = ecu_skinny_matmul(st, out, xw, w, bias, dtype, n, in_dim, out_dim, acc,
+                                     acc ? ENG_LIN_ADD : ENG_LIN_PLAIN, NULL, ECU_TWIN_NONE, NULL);
+    if (sk != 0)
+        return sk < 0 ? sk : 0;
     ECU_TRY(s_lt(st, out, xw, w, dtype, n, in_dim, out_dim, acc));
     if (bias) {
         size_t total = (size_t)n * out_dim;
@@ -725,7 +709,7 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
 }
 
 /* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= st->gemv_max
-   (16-byte aligned rows), cuBLASLt above; twin: st->xconv already holds x rounded to dtype
+   (16-byte aligned rows), cuBLASLt above; twin: st->twinb already holds x rounded to dtype
    (the op that wrote x wrote it, see ecu_twin_begin). */
 static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, const void *bias,
                     eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc, bool twin)
@@ -746,7 +730,7 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
     const void *xw = x;
     size_t total = (size_t)n * in_dim;
     if (twin && dtype != ENG_DTYPE_F32) {
-        xw = st->xconv.ptr;
+        xw = st->twinb.ptr;
     } else if (dtype != ENG_DTYPE_F32) {
         ECU_TRY(ecu_buf_reserve(&st->xconv, total * 2));
         /* total is a multiple of 8 (in_dim is); a 16-byte aligned x takes 4 a thread (the
@@ -787,11 +771,43 @@ int ecu_twin_begin(ecu_state_t *st, const float *of, int n, int dim, eng_dtype_t
     *low = NULL, *kind = ECU_TWIN_NONE;
     if (!st->twin_on || n <= st->gemv_max || (dtype != ENG_DTYPE_BF16 && dtype != ENG_DTYPE_F16))
         return 0;
-    ECU_TRY(ecu_buf_reserve(&st->xconv, (size_t)n * dim * 2));
+    ECU_TRY(ecu_buf_reserve(&st->twinb, (size_t)n * dim * 2));
     st->twin.of = of, st->twin.n = n, st->twin.dim = dim, st->twin.dtype = dtype;
-    *low = st->xconv.ptr;
+    *low = st->twinb.ptr;
     *kind = dtype == ENG_DTYPE_BF16 ? ECU_TWIN_BF16 : ECU_TWIN_F16;
     return 0;
+}
+
+/* The pair epilogue of linear f in skinny.cu's product, its input rounded in st->xconv: 1
+   launched, 0 when the shape does not fit, < 0 on error. */
+static int s_skinny_pair(eng_backend_t *be,
+                         float *out,
+                         const void *w,
+                         const void *bias,
+                         eng_dtype_t dtype,
+                         int n,
+                         int in_dim,
+                         int out_dim,
+                         const eng_linear_t *f)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (f->epi == ENG_LIN_SWIGLU) {
+        void *low;
+        int kind;
+        ECU_TRY(ecu_twin_begin(st, out, n, out_dim / 2, dtype, &low, &kind));
+        const int rc = ecu_skinny_matmul(st, out, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim,
+                                         false, ENG_LIN_SWIGLU, low, kind, NULL);
+        if (rc != 1)
+            ecu_twin_drop(st);
+        return rc;
+    }
+    ecu_skinny_rope_t r = {};
+    ECU_TRY(ecu_rope_table(st, f->pos, n, f->head_dim, f->theta, &r.angles));
+    ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &r.slots));
+    r.k_cache = f->k_cache, r.v_cache = f->v_cache, r.n_head = f->n_head;
+    r.n_kv_head = f->n_kv_head, r.head_dim = f->head_dim, r.kv_dtype = be->kv_dtype;
+    return ecu_skinny_matmul(st, out, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, false,
+                             ENG_LIN_ROPE_KV, NULL, ECU_TWIN_NONE, &r);
 }
 
 /* linear op by op, for shapes the fused GEMV does not take (more than st->gemv_max rows,
@@ -815,6 +831,13 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
         /* the norm writes the product's rounded input itself */
         ECU_TRY(ecu_buf_reserve(&st->xconv, (size_t)n * in_dim * 2));
         ECU_TRY(ecu_rmsnorm_round(st, st->xconv.ptr, x, f->norm_w, dtype, n, in_dim, f->eps));
+        if (!direct && n <= st->skinny_max) {
+            /* a few rows: the pair epilogue in the skinny product (SwiGLU with the down
+               projection's twin; RoPE with the KV stores) */
+            const int rc = s_skinny_pair(be, out, w, bias, dtype, n, in_dim, out_dim, f);
+            if (rc != 0)
+                return rc < 0 ? rc : 0;
+        }
         ECU_TRY(s_lt_bias(st, y, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, acc));
     } else {
         const float *xin = x;
@@ -848,7 +871,7 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
                           const eng_linear_t *f)
 {
     ecu_state_t *st = ecu_st(be);
-    /* x's rounded twin, left by the op before (x_from_prev) in st->xconv */
+    /* x's rounded twin, left by the op before (x_from_prev) in st->twinb */
     const bool twin = f && f->x_from_prev && x && st->twin.of == x && st->twin.n == n &&
                       st->twin.dim == in_dim && st->twin.dtype == dtype;
     ecu_twin_drop(st);
