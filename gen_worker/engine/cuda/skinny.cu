@@ -53,7 +53,7 @@ typedef struct {
     int n, in_dim, out_dim, segs, acc;
     void *low; /* S_SWIGLU: the twin (n, out_dim / 2) or NULL */
     int kind;  /* ECU_TWIN_* */
-    ecu_skinny_rope_t rope;
+    ecu_rope_kv_t rope;
 } s_skinny_args_t;
 
 /* tiles of the product: 16 features, 8 gate/up pairs, or 8 dims pairs of a head */
@@ -179,7 +179,7 @@ static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
                     a.out[(size_t)r * ffn + f] = v;
                     ecu_twin_store(a.low, a.kind, (size_t)r * ffn + f, v);
                 } else {
-                    const ecu_skinny_rope_t &q = a.rope;
+                    const ecu_rope_kv_t &q = a.rope;
                     const float2 cs = q.angles[(size_t)r * hh + i];
                     const size_t kvo = (size_t)q.slots[r] * q.n_kv_head * hd;
                     ecu_rope_pair_put(a.out, q.k_cache, q.v_cache, q.kv_dtype, kvo, r, h, i,
@@ -272,10 +272,10 @@ int ecu_skinny_matmul(const ecu_state_t *st,
                       int epi,
                       void *low,
                       int kind,
-                      const ecu_skinny_rope_t *rope)
+                      const ecu_rope_kv_t *rope)
 {
     if (n < 1 || n > st->skinny_max || n > ECU_SKINNY_MAX || (uintptr_t)xw % 16 ||
-        (uintptr_t)w % 16 || in_dim % 8 || (dtype != ENG_DTYPE_BF16 && dtype != ENG_DTYPE_F16))
+        (uintptr_t)w % 16 || (dtype != ENG_DTYPE_BF16 && dtype != ENG_DTYPE_F16))
         return 0;
     s_skinny_args_t a = {};
     a.out = out, a.x = xw, a.bias = bias, a.n = n, a.in_dim = in_dim, a.out_dim = out_dim;
