@@ -186,21 +186,21 @@ static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
                                       q.n_head, q.n_kv_head, hd, va, vb, cs.x, cs.y);
                 }
             }
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-        const int o = e >= 2 ? f + 8 : f;
-        if (o >= out_dim)
-            continue;
-        const float bv = bias ? ecu_ld<T>(bias, o) : 0.0f;
+        for (int e = 0; e < 4; e++) {
+            const int o = e >= 2 ? f + 8 : f;
+            if (o >= out_dim)
+                continue;
+            const float bv = bias ? ecu_ld<T>(bias, o) : 0.0f;
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const int r = 8 * j + 2 * t + (e & 1);
-            if (r < n) {
-                float *p = a.out + (size_t)r * out_dim + o;
-                const float v = acc4[j][e] + bv;
-                *p = a.acc ? *p + v : v;
+            for (int j = 0; j < NT; j++) {
+                const int r = 8 * j + 2 * t + (e & 1);
+                if (r < n) {
+                    float *p = a.out + (size_t)r * out_dim + o;
+                    const float v = acc4[j][e] + bv;
+                    *p = a.acc ? *p + v : v;
+                }
             }
         }
     }
