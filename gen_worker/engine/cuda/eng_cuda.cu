@@ -567,10 +567,13 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         const char *gs = getenv("ANVIL_CUDA_GEMV_SEGS");
         if (gs && s_gemv_segs_set(st, atoi(gs)))
             ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_SEGS=%s ignored (0, 1, 2, 4, 8)", gs);
-        /* decode attention on tensor cores for bf16 / fp8 KV and 4 or 8 query heads a KV head
-           (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
+        /* attention on tensor cores for bf16 / fp8 KV: decode with 4 or 8 query heads a KV
+           head (ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel), prefill with any
+           (ANVIL_CUDA_ATTN_PREFILL_MMA=0 keeps the FMA kernel); attention.cu, A/Bs */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
         st->attn_mma = !(am && strcmp(am, "0") == 0);
+        const char *apm = getenv("ANVIL_CUDA_ATTN_PREFILL_MMA");
+        st->attn_pf_mma = !(apm && strcmp(apm, "0") == 0);
         /* the tensor-core decode loads V after q.k (fewer registers, more blocks an SM;
            attention.cu): on the H200 +2.7 % (bf16 KV) and +4.9 % (fp8) at batch 256 x 2k, +2.2 %
            at batch 256, level at batch 1. ANVIL_CUDA_ATTN_VLATE=0 loads V with K (A/B) */
@@ -640,7 +643,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
              "%s%s%s, tensor-core skinny products up to %d rows, rounded twins %s, decode "
-             "attention %s%s%s, sampler %s%s",
+             "attention %s%s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off", st->gemv_max,
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
@@ -650,6 +653,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",
+             st->attn_pf_mma ? ", prefill attention mma (bf16/fp8 KV)" : ", prefill fma",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
                                       : "8 blocks a row",

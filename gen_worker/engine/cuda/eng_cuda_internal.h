@@ -137,6 +137,7 @@ typedef struct {
     int gemv_balance;           /* persistent GEMV grids sized for whole rounds (default; A/B) */
     int skinny_max;             /* rows up to which skinny.cu replaces cuBLASLt (8; <= 16) */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
+    int attn_pf_mma;            /* tensor-core prefill attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
     int twin_on;                /* producers write rounded twins (ecu_twin_begin; default; A/B) */
