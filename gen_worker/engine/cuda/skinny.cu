@@ -36,6 +36,14 @@
     9 to 16 rows (two n-tiles, U = 2 to keep two blocks an SM) it loses: batch 16 2164.0 /
     2156.6 against 2242.3 / 2241.0 (x0.964; a layer 192.4 us against 186.9), so those stay on
     cuBLASLt unless ANVIL_CUDA_SKINNY_MAX says otherwise.
+    Measured and removed (2026-12-06, H100, graphs, each against this kernel in one run): W
+    loaded with L1::no_allocate (batch 8 1281.3 -> 1266.7 tok/s; batch 16 on skinny 2163.9 ->
+    2213.0, still below cuBLASLt's 2239.7); x loaded as it is used with U = 4 at two n-tiles
+    (batch 16 2061.1); the linear's norm folded into the product (x read as f32 and scaled by
+    the norm's weights as it is used, the row's sum of squares gathered on the way, no norm
+    kernel before QKV, gate|up and lm_head): batch 2 / 4 / 8 279.5 / 539.9 / 1024.7 against
+    343.1 / 672.4 / 1312.8 with the norm kernel, and the model test's batch-4 |dlogprob| at
+    0.100, its bound.
 */
 #include "eng_cuda_internal.h"
 
