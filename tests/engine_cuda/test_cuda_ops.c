@@ -253,33 +253,7 @@ static void s_kv_fill(eng_dtype_t dt, size_t n, void **hk, void **hv, float **ck
     }
 }
 
-/* Mixed batch: a fresh prefill chunk, a long decode (several splits), a continued prefill
-   chunk, a decode of context 1; shuffled block tables. */
 static const char *s_attn_tag = ""; /* names the decode kernel under test */
-
-static void s_attn_batch(eng_backend_t *be,
-                         int hd,
-                         int nh,
-                         int nkv,
-                         int NS,
-                         const int32_t *nq,
-                         const int32_t *ctx,
-                         const char *what);
-
-static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
-{
-    const int32_t nq[4] = {37, 1, 20, 1}, ctx[4] = {37, 600, 300, 1};
-    s_attn_batch(be, hd, nh, nkv, 4, nq, ctx, NULL);
-}
-
-/* Longer prefills (the tensor-core prefill kernel's chunks, passes and causal edges): a fresh
-   prompt of 300 tokens (19 tiles), a chunk of 200 after 500 cached positions (key ranges up to
-   700, not a multiple of the 32-position chunk) and a decode beside them. */
-static void test_attention_prefill(eng_backend_t *be, int hd, int nh, int nkv)
-{
-    const int32_t nq[3] = {300, 200, 1}, ctx[3] = {300, 700, 45};
-    s_attn_batch(be, hd, nh, nkv, 3, nq, ctx, " prefill 300 / 200 after 500");
-}
 
 /* attention over the batch (nq[s] query tokens of sequence s, ctx[s] its context) against the
    CPU; without `what` (test_attention's batch, NS = 4) also through prepare() and the
@@ -353,6 +327,23 @@ static void s_attn_batch(eng_backend_t *be,
     be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go), be->free(be, go1);
     free(tables), free(perm), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
     free(got), free(got2), free(alone);
+}
+
+/* Mixed batch: a fresh prefill chunk, a long decode (several splits), a continued prefill
+   chunk, a decode of context 1; shuffled block tables. */
+static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
+{
+    const int32_t nq[4] = {37, 1, 20, 1}, ctx[4] = {37, 600, 300, 1};
+    s_attn_batch(be, hd, nh, nkv, 4, nq, ctx, NULL);
+}
+
+/* Longer prefills (the tensor-core prefill kernel's chunks, passes and causal edges): a fresh
+   prompt of 300 tokens (19 tiles), a chunk of 200 after 500 cached positions (key ranges up to
+   700, not a multiple of the 32-position chunk) and a decode beside them. */
+static void test_attention_prefill(eng_backend_t *be, int hd, int nh, int nkv)
+{
+    const int32_t nq[3] = {300, 200, 1}, ctx[3] = {300, 700, 45};
+    s_attn_batch(be, hd, nh, nkv, 3, nq, ctx, " prefill 300 / 200 after 500");
 }
 
 /* Sets environment variable name to v (NULL: unset) and returns its old value (malloc'd, or
