@@ -253,17 +253,23 @@ static void s_kv_fill(eng_dtype_t dt, size_t n, void **hk, void **hv, float **ck
     }
 }
 
-/* Mixed batch: a fresh prefill chunk, a long decode (several splits), a continued prefill
-   chunk, a decode of context 1; shuffled block tables. */
 static const char *s_attn_tag = ""; /* names the decode kernel under test */
 
-static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
+/* attention over the batch (nq[s] query tokens of sequence s, ctx[s] its context) against the
+   CPU; without `what` (test_attention's batch, NS = 4) also through prepare() and the
+   batch invariance of sequence 1's decode */
+static void s_attn_batch(eng_backend_t *be,
+                         int hd,
+                         int nh,
+                         int nkv,
+                         int NS,
+                         const int32_t *nq,
+                         const int32_t *ctx,
+                         const char *what)
 {
-    char name[128];
-    enum { NS = 4 };
+    char name[160];
     int bs = 16, mb = 48, nb = NS * mb;
-    int32_t nq[NS] = {37, 1, 20, 1}, ctx[NS] = {37, 600, 300, 1};
-    int32_t q_start[NS + 1] = {0};
+    int32_t q_start[8] = {0};
     for (int s = 0; s < NS; s++)
         q_start[s + 1] = q_start[s] + nq[s];
     int n_tok = q_start[NS];
@@ -288,9 +294,15 @@ static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
     int rc = be->attention(be, go, gq, gk, gv, &b, nh, nkv, hd, bs);
     ecu_t_check(rc == 0, "attention returns 0");
     ecu_t_get(be, got, go, qn * 4);
-    snprintf(name, sizeof(name), "attention%s hd=%d heads=%d/%d kv=%s", s_attn_tag, hd, nh, nkv,
-             eng_dtype_name(be->kv_dtype));
+    snprintf(name, sizeof(name), "attention%s%s hd=%d heads=%d/%d kv=%s", s_attn_tag,
+             what ? what : "", hd, nh, nkv, eng_dtype_name(be->kv_dtype));
     ecu_t_close(name, got, ref, qn, 2e-5);
+    if (what) {
+        be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go);
+        free(tables), free(perm), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
+        free(got);
+        return;
+    }
 
     /* the same through prepare() (plan reused) */
     int32_t ids[64] = {0};
@@ -315,6 +327,23 @@ static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
     be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go), be->free(be, go1);
     free(tables), free(perm), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
     free(got), free(got2), free(alone);
+}
+
+/* Mixed batch: a fresh prefill chunk, a long decode (several splits), a continued prefill
+   chunk, a decode of context 1; shuffled block tables. */
+static void test_attention(eng_backend_t *be, int hd, int nh, int nkv)
+{
+    const int32_t nq[4] = {37, 1, 20, 1}, ctx[4] = {37, 600, 300, 1};
+    s_attn_batch(be, hd, nh, nkv, 4, nq, ctx, NULL);
+}
+
+/* Longer prefills (the tensor-core prefill kernel's chunks, passes and causal edges): a fresh
+   prompt of 300 tokens (19 tiles), a chunk of 200 after 500 cached positions (key ranges up to
+   700, not a multiple of the 32-position chunk) and a decode beside them. */
+static void test_attention_prefill(eng_backend_t *be, int hd, int nh, int nkv)
+{
+    const int32_t nq[3] = {300, 200, 1}, ctx[3] = {300, 700, 45};
+    s_attn_batch(be, hd, nh, nkv, 3, nq, ctx, " prefill 300 / 200 after 500");
 }
 
 /* Sets environment variable name to v (NULL: unset) and returns its old value (malloc'd, or
@@ -443,6 +472,10 @@ static void test_linear(eng_backend_t *be, eng_dtype_t dt, eng_lin_epi_t epi, in
 {
     static const char *const epis[] = {"plain", "add", "swiglu", "rope_kv"};
     char name[160];
+    if (epi == ENG_LIN_ROPE_KV && n > 64) { /* pos and slots below */
+        ecu_t_check(0, "test_linear: rope rows <= 64");
+        return;
+    }
     const int nh = outd == 1536 ? 8 : 4, nkv = 2, hd = outd == 1536 ? 128 : 64, nb = 8, bs = 16;
     size_t es = eng_dtype_size(dt), kvs = eng_dtype_size(be->kv_dtype);
     size_t yd = epi == ENG_LIN_SWIGLU ? (size_t)outd / 2 : epi == ENG_LIN_ROPE_KV ? (size_t)nh * hd
@@ -464,8 +497,9 @@ static void test_linear(eng_backend_t *be, eng_dtype_t dt, eng_lin_epi_t epi, in
     size_t pool = (size_t)nb * bs * nkv * hd;
     float *ck = calloc(pool, 4), *cv = calloc(pool, 4), *gotp = malloc(pool * 4);
     void *pk = be->alloc(be, pool * kvs), *pv = be->alloc(be, pool * kvs), *raw = malloc(pool * kvs);
-    int32_t pos[12], slots[12];
-    for (int t = 0; t < n && t < 12; t++)
+    /* a position and a distinct cache slot a row (37 is prime to nb * bs = 128) */
+    int32_t pos[64], slots[64];
+    for (int t = 0; t < n && t < 64; t++)
         pos[t] = t * 397 % 3000, slots[t] = (t * 37 + 5) % (nb * bs);
     eng_linear_t fc = {0}, fg;
     fc.norm_w = norm ? gh : NULL, fc.norm_dtype = dt, fc.eps = 1e-6f, fc.epi = epi;
@@ -1114,14 +1148,21 @@ int main(int argc, char **argv)
     test_attention(gpu32, 64, 28, 4);
     test_attention(gpu8, 128, 32, 8);
     test_attention(gpu8, 64, 28, 4);
+    test_attention_prefill(gpu, 128, 32, 8);
+    test_attention_prefill(gpu32, 128, 32, 8);
+    test_attention_prefill(gpu8, 128, 32, 8);
+    test_attention_prefill(gpu, 64, 16, 2);
+    test_attention_prefill(gpu8, 64, 28, 4);
     test_attention_long();
-    /* the FMA decode kernel (ANVIL_CUDA_ATTN_MMA=0; the backends above run the tensor-core one
-       where it applies): bf16 and fp8 KV, 4 and 8 query heads a KV head, head_dim 128 and 64,
-       and 7 a KV head (the FMA kernel either way) */
+    /* the FMA decode and prefill kernels (ANVIL_CUDA_ATTN_MMA=0; the backends above run the
+       tensor-core ones where they apply): bf16 and fp8 KV, 4 and 8 query heads a KV head,
+       head_dim 128 and 64, and 7 a KV head (the FMA decode either way) */
     setenv("ANVIL_CUDA_ATTN_MMA", "0", 1);
+    setenv("ANVIL_CUDA_ATTN_PREFILL_MMA", "0", 1);
     eng_backend_t *mma16 = eng_cuda_backend_new_kv(ENG_DTYPE_BF16);
     eng_backend_t *mma8 = eng_cuda_backend_new_kv(ENG_DTYPE_F8E4M3);
     unsetenv("ANVIL_CUDA_ATTN_MMA");
+    unsetenv("ANVIL_CUDA_ATTN_PREFILL_MMA");
     ecu_t_check(mma16 && mma8, "backends with the FMA decode attention");
     if (mma16 && mma8) {
         static const int cases[7][4] = {/* fp8, head_dim, heads, KV heads */
@@ -1131,6 +1172,8 @@ int main(int argc, char **argv)
         s_attn_tag = " (fma)";
         for (int c = 0; c < 7; c++)
             test_attention(cases[c][0] ? mma8 : mma16, cases[c][1], cases[c][2], cases[c][3]);
+        test_attention_prefill(mma16, 128, 32, 8);
+        test_attention_prefill(mma8, 64, 16, 2);
         s_attn_tag = "";
     }
     if (mma16)

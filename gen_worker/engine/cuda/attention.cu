@@ -25,14 +25,18 @@
     also writes its output rounded for the O projection (its rounded twin, matmul.cu). Decode
     tiles of bf16 / fp8 KV with 4 or 8 query heads a KV head run a tensor-core kernel instead
     (st->attn_mma, off with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same
-    tiles and partials; it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0.
+    tiles and partials; it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0. Prefill
+    tiles of bf16 / fp8 KV run on the tensor cores too (st->attn_pf_mma, off with
+    ANVIL_CUDA_ATTN_PREFILL_MMA=0; s_attn_prefill_mma_kernel: K and V chunks staged in shared
+    memory and read by ldmatrix, q and p as hi + lo pairs), where the FMA kernel issues about
+    one shared-memory load an FMA.
     A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
     default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
-    256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a
-    token merging its partials instead of the combine kernel (x0.91 to x0.97); each lane asking
-    L2 for its K and V rows before the PDL wait (x1.000 at batch 1 on the H100); the combine
-    a block per (token, head) (x0.998 at batch 16, x0.993 at 256, x0.995 at 256 x 2k fp8 on
-    the H100, against the warp combine).
+    256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a token
+    merging its partials instead of the combine kernel (x0.91 to x0.97); each lane asking L2
+    for its K and V rows before the PDL wait (x1.000 at batch 1 on the H100); the combine a
+    block per (token, head) (x0.998 at batch 16, x0.993 at 256, x0.995 at 256 x 2k fp8 on the
+    H100, against the warp combine).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -882,6 +886,281 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     }
 }
 
+/* Prefill tiles on the tensor cores (st->attn_pf_mma; ANVIL_CUDA_ATTN_PREFILL_MMA=0 keeps
+   s_attn_kernel): bf16 KV as bf16, fp8 KV widened to f16 (exact), any number
+   of query heads a KV head. The same tiles, partials and combine as s_attn_kernel: a block per
+   (tile, KV head), its rows (token-major: row r is token r / G, head r % G) in passes of 64,
+   a warp an m-tile of 16 rows. Per chunk of 32 positions the block stages K and V in shared
+   memory as 16-bit rows (padded by 16 bytes, so ldmatrix reads them without bank conflicts);
+   a warp computes S = Q K^T (A = q from shared memory, B = K rows by ldmatrix), masks the
+   causal range, runs the online softmax on S's accumulators and adds P V (A = P straight
+   from S's accumulators, B = V by ldmatrix.trans). q and p enter as hi + lo pairs, as in the
+   decode kernel, so results stay within the FMA kernel's tolerance; the softmax is fp32.
+   A warp stops at its last row's position, the block at the tile's. A chunk's K and V rows are
+   loaded into registers while the chunk before is computed, and the plan's tiles run last
+   first (the longest blocks start first). On the H100 (ncu, a layer over two 1024-token
+   prompts): 320 us without the register prefetch and the order, 298 with them at 174
+   registers (2 blocks an SM), 278 held to 168 by the launch bounds (3 blocks an SM, 20 / 60
+   bytes of spills for bf16 / fp8); the FMA kernel took 2.8 to 3.0 ms. */
+#define ECU_ATTN_PF_KC 32 /* positions a chunk of the prefill mma kernel */
+
+/* four 8 x 8 matrices of 16-bit values from shared memory (lane l gives the address of row
+   l % 8 of matrix l / 8): r[i] holds matrix i's row g, columns 2 tig and 2 tig + 1, or with TR
+   its column g, rows 2 tig and 2 tig + 1 */
+template <bool TR> static __device__ __forceinline__ void s_ldsm4(unsigned (&r)[4], const void *p)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    if constexpr (TR)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+}
+
+/* 8 KV values as loaded (s_kv8_t: 16 bytes of bf16, 8 of fp8) and as the mma's 16-bit pairs
+   (fp8 widened to f16) */
+template <typename T> using s_kv8_t = typename std::conditional<sizeof(T) == 1, uint2, uint4>::type;
+static __device__ __forceinline__ uint4 s_kv8_pairs(uint4 u)
+{
+    return u;
+}
+static __device__ __forceinline__ uint4 s_kv8_pairs(uint2 u)
+{
+    return make_uint4(s_e4m3x2_h2(u.x), s_e4m3x2_h2(u.x >> 16), s_e4m3x2_h2(u.y),
+                      s_e4m3x2_h2(u.y >> 16));
+}
+
+template <int HD> static constexpr size_t s_pf_smem()
+{
+    return (size_t)(2 * ECU_ATTN_WARPS * 16 + 2 * ECU_ATTN_PF_KC) * (HD + 8) * 2;
+}
+
+template <int HD, typename T>
+static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
+    s_attn_prefill_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
+                              const T *k_cache,
+                              const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
+                              const int4 *tiles /* (n_tiles) {seq, tok0, n_q, 0} */,
+                              const int *tok_part /* (n_tok) */,
+                              const int *seq_qstart /* (n_seq + 1) */,
+                              const int *seq_ctx /* (n_seq) */,
+                              const int *block_tables /* (n_seq, mb) */,
+                              int max_blocks,
+                              int block_size,
+                              int n_head,
+                              int n_kv_head,
+                              float scale,
+                              float *part_o /* (n_parts, n_head, HD) f32 */,
+                              float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+{
+    static_assert(sizeof(T) <= 2, "the mma prefill takes bf16 or fp8 KV");
+    constexpr int LD = HD + 8;              /* a shared row, in 16-bit values */
+    constexpr int RP = ECU_ATTN_WARPS * 16; /* rows a pass */
+    constexpr int KC = ECU_ATTN_PF_KC, NT = KC / 8, KS = HD / 16, ND = HD / 8;
+    extern __shared__ __align__(16) unsigned short pf_smem[];
+    unsigned short *qh = pf_smem, *ql = qh + RP * LD;      /* q hi / lo (RP, LD) */
+    unsigned short *ks = ql + RP * LD, *vs = ks + KC * LD; /* the chunk's K / V (KC, LD) */
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    /* the plan's last tiles first: a sequence's later tiles span more positions, so the
+       longest blocks start first and the short ones fill the tail */
+    const int4 tl = tiles[gridDim.x - 1 - blockIdx.x];
+    const int kvh = blockIdx.y, G = n_head / n_kv_head;
+    const int seq = tl.x, tok0 = tl.y, nq = tl.z;
+    const int q0 = seq_qstart[seq], nq_seq = seq_qstart[seq + 1] - q0;
+    const int pos0 = seq_ctx[seq] - nq_seq + (tok0 - q0);
+    const int key_end = pos0 + nq; /* the tile's last position + 1 */
+    const int *table = block_tables + (size_t)seq * max_blocks;
+    const size_t kv_row = (size_t)n_kv_head * HD;
+    const int rows = nq * G;
+    /* ldmatrix rows and columns of the lane: A (q), B of q.k (K), B of p.v (V, transposed) */
+    const int ar = (lane & 7) + ((lane >> 3) & 1) * 8, ac = (lane >> 4) * 8;
+    const int bk = (lane & 7) + (lane >> 4) * 8, bd = ((lane >> 3) & 1) * 8;
+    const int vk = ar, vd = ac;
+
+    /* a chunk's K and V rows, NI pieces of 8 values a thread: loaded into registers while
+       the chunk before is computed, stored to shared memory after it */
+    constexpr int NI = KC * HD / 8 / (ECU_ATTN_WARPS * 32);
+    s_kv8_t<T> rk[NI], rv[NI];
+    auto fetch = [&](int c0) {
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            const int idx = threadIdx.x + i * ECU_ATTN_WARPS * 32, c = c0 + idx / (HD / 8);
+            rk[i] = rv[i] = {};
+            if (c < key_end) {
+                const size_t off =
+                    ((size_t)table[c / block_size] * block_size + c % block_size) * kv_row +
+                    (size_t)kvh * HD + (idx % (HD / 8)) * 8;
+                rk[i] = *(const s_kv8_t<T> *)(k_cache + off);
+                rv[i] = *(const s_kv8_t<T> *)(v_cache + off);
+            }
+        }
+    };
+
+    for (int row0 = 0; row0 < rows; row0 += RP) {
+        __syncthreads(); /* the pass before is done with q */
+        fetch(0);
+        for (int idx = threadIdx.x; idx < RP * HD / 2; idx += blockDim.x) {
+            const int r = idx / (HD / 2), d = 2 * (idx % (HD / 2)), rr = row0 + r;
+            float2 x = make_float2(0.0f, 0.0f);
+            if (rr < rows)
+                x = *(const float2 *)(q +
+                                      ((size_t)(tok0 + rr / G) * n_head + kvh * G + rr % G) * HD +
+                                      d);
+            unsigned hi, lo;
+            s_hilo<T>(x.x * scale, x.y * scale, hi, lo);
+            *(unsigned *)(qh + r * LD + d) = hi;
+            *(unsigned *)(ql + r * LD + d) = lo;
+        }
+        /* the warp's rows wr0 + g (a) and wr0 + g + 8 (b); rows past the tile take its last
+           row's position and are not stored */
+        const int wr0 = row0 + 16 * warp;
+        const bool active = wr0 < rows; /* warp-uniform */
+        const int pa = pos0 + min(wr0 + g, rows - 1) / G,
+                  pb = pos0 + min(wr0 + g + 8, rows - 1) / G;
+        const int wend = pos0 + min(wr0 + 15, rows - 1) / G + 1; /* the warp's positions */
+        float o[ND][4], ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+            o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        for (int c0 = 0; c0 < key_end; c0 += KC) {
+            __syncthreads(); /* q staged; the chunk before used up */
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                const int idx = threadIdx.x + i * ECU_ATTN_WARPS * 32;
+                const int at = idx / (HD / 8) * LD + (idx % (HD / 8)) * 8;
+                *(uint4 *)(ks + at) = s_kv8_pairs(rk[i]);
+                *(uint4 *)(vs + at) = s_kv8_pairs(rv[i]);
+            }
+            __syncthreads();
+            if (c0 + KC < key_end)
+                fetch(c0 + KC);
+            if (!active || c0 >= wend)
+                continue;
+            /* S = Q K^T: NT n-tiles of 8 positions */
+            float s[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                unsigned ah[4], al[4];
+                s_ldsm4<false>(ah, qh + (16 * warp + ar) * LD + 16 * kk + ac);
+                s_ldsm4<false>(al, ql + (16 * warp + ar) * LD + 16 * kk + ac);
+#pragma unroll
+                for (int n = 0; n < NT; n += 2) {
+                    unsigned b[4];
+                    s_ldsm4<false>(b, ks + (8 * n + bk) * LD + 16 * kk + bd);
+                    ecu_mma16816<T>(s[n], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+                    ecu_mma16816<T>(s[n], al[0], al[1], al[2], al[3], b[0], b[1]);
+                    ecu_mma16816<T>(s[n + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+                    ecu_mma16816<T>(s[n + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
+                }
+            }
+            /* the causal mask and the online softmax: the lane holds positions c0 + 8 n +
+               2 tig + c of rows a (s[n][c]) and b (s[n][2 + c]); position 0 is in every
+               row's range, so the maxima are finite from the first chunk on */
+            float xa = ma, xb = mb;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int key = c0 + 8 * n + 2 * tig + c;
+                    s[n][c] = key <= pa ? s[n][c] : -INFINITY;
+                    s[n][2 + c] = key <= pb ? s[n][2 + c] : -INFINITY;
+                    xa = fmaxf(xa, s[n][c]), xb = fmaxf(xb, s[n][2 + c]);
+                }
+            xa = fmaxf(xa, __shfl_xor_sync(full, xa, 1));
+            xa = fmaxf(xa, __shfl_xor_sync(full, xa, 2));
+            xb = fmaxf(xb, __shfl_xor_sync(full, xb, 1));
+            xb = fmaxf(xb, __shfl_xor_sync(full, xb, 2));
+            const float fa = __expf(ma - xa), fb = __expf(mb - xb); /* 0 on the first chunk */
+            ma = xa, mb = xb, la *= fa, lb *= fb;
+#pragma unroll
+            for (int n = 0; n < ND; n++)
+                o[n][0] *= fa, o[n][1] *= fa, o[n][2] *= fb, o[n][3] *= fb;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    s[n][c] = __expf(s[n][c] - ma), s[n][2 + c] = __expf(s[n][2 + c] - mb);
+                    la += s[n][c], lb += s[n][2 + c];
+                }
+                /* O += P V, k-step j = positions 16 j ..: A from n-tiles 2 j and 2 j + 1 */
+#pragma unroll
+            for (int j = 0; j < KC / 16; j++) {
+                unsigned ph[4], pl[4];
+                s_hilo<T>(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);
+                s_hilo<T>(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
+                s_hilo<T>(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);
+                s_hilo<T>(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);
+#pragma unroll
+                for (int n = 0; n < ND; n += 2) {
+                    unsigned b[4];
+                    s_ldsm4<true>(b, vs + (16 * j + vk) * LD + 8 * n + vd);
+                    ecu_mma16816<T>(o[n], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+                    ecu_mma16816<T>(o[n], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+                    ecu_mma16816<T>(o[n + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+                    ecu_mma16816<T>(o[n + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+                }
+            }
+        }
+        if (!active)
+            continue;
+        la += __shfl_xor_sync(full, la, 1);
+        la += __shfl_xor_sync(full, la, 2);
+        lb += __shfl_xor_sync(full, lb, 1);
+        lb += __shfl_xor_sync(full, lb, 2);
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = wr0 + g + 8 * hf;
+            if (r >= rows)
+                continue;
+            const size_t pi = (size_t)tok_part[tok0 + r / G] * n_head + kvh * G + r % G;
+#pragma unroll
+            for (int n = 0; n < ND; n++)
+                *(float2 *)(part_o + pi * HD + 8 * n + 2 * tig) =
+                    make_float2(o[n][2 * hf], o[n][2 * hf + 1]);
+            if (tig == 0)
+                part_ml[pi] = hf ? make_float2(mb, lb) : make_float2(ma, la);
+        }
+    }
+}
+
+/* The prefill tiles [t0, t0 + nt) on the tensor cores */
+template <int HD, typename T>
+static int s_attn_launch_prefill_mma(ecu_state_t *st,
+                                     const ecu_attn_plan_t *p,
+                                     int t0,
+                                     int nt,
+                                     const float *q,
+                                     const void *kc,
+                                     const void *vc,
+                                     int n_head,
+                                     int n_kv_head,
+                                     int block_size)
+{
+    constexpr size_t smem = s_pf_smem<HD>();
+    static bool attr_set = false; /* per instantiation */
+    if (!attr_set) {
+        ECU_CHECK(cudaFuncSetAttribute(s_attn_prefill_mma_kernel<HD, T>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
+    }
+    s_attn_prefill_mma_kernel<HD, T>
+        <<<dim3(nt, n_kv_head), ECU_ATTN_WARPS * 32, smem, st->stream>>>(
+            q, (const T *)kc, (const T *)vc, p->tiles + t0, p->tok_part, p->seq_qstart, p->seq_ctx,
+            p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, 1.0f / sqrtf((float)HD),
+            (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr);
+    ECU_LAUNCHED();
+    return 0;
+}
+
 /* The merge of token t's partials for head h, a warp per (token, head), four heads a block:
    the max over the token's splits, each split's weight exp(m_i - max) computed once by one
    lane (lane i holds split i of a round of 32, 4096 positions), the weighted partials summed
@@ -1039,9 +1318,14 @@ static int s_attn_launch_hd(ecu_state_t *st, const ecu_attn_plan_t *p, const flo
             ECU_TRY((s_attn_launch_rows<HD, T>(st, p, 0, nd, G, q, kc, vc, n_head, n_kv_head,
                                                block_size)));
     }
-    if (np > 0)
+    if (np > 0) {
+        if constexpr (sizeof(T) <= 2)
+            if (st->attn_pf_mma)
+                return s_attn_launch_prefill_mma<HD, T>(st, p, nd, np, q, kc, vc, n_head, n_kv_head,
+                                                        block_size);
         ECU_TRY((s_attn_launch_rows<HD, T>(st, p, nd, np, p->q_tile * G, q, kc, vc, n_head,
                                            n_kv_head, block_size)));
+    }
     return 0;
 }
 

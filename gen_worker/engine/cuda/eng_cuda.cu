@@ -419,40 +419,38 @@ extern "C" int eng_cuda_gemv_segs(eng_backend_t *be, int segs)
     return s_gemv_segs_set(ecu_st(be), segs);
 }
 
-/* The most rows a product takes the GEMV with (matmul.cu), 0 to ECU_GEMV_MAX. */
-static int s_gemv_rows_set(ecu_state_t *st, int rows)
+/* A row limit (the GEMV's, the skinny product's): rows 0 to max sets *lim, rows < 0 leaves
+   it. The value in effect, or -EINVAL. */
+static int s_rows_limit(int *lim, int rows, int max)
 {
-    if (rows < 0 || rows > ECU_GEMV_MAX)
+    if (rows > max)
         return -EINVAL;
-    st->gemv_max = rows;
-    return 0;
+    if (rows >= 0)
+        *lim = rows;
+    return *lim;
+}
+
+/* ... at start: def, or $name when it holds 0 to max (else a warning) */
+static void s_rows_env(int *lim, const char *name, int def, int max)
+{
+    const char *v = getenv(name);
+    *lim = def;
+    if (v && (atoi(v) < 0 || s_rows_limit(lim, atoi(v), max) < 0))
+        ANV_WARN("cuda backend: %s=%s ignored (0 to %d)", name, v, max);
 }
 
 extern "C" int eng_cuda_gemv_rows(eng_backend_t *be, int rows)
 {
     if (!be || !be->name || strcmp(be->name, "cuda") != 0)
         return -EINVAL;
-    if (rows >= 0 && s_gemv_rows_set(ecu_st(be), rows))
-        return -EINVAL;
-    return ecu_st(be)->gemv_max;
-}
-
-/* The most rows a product takes skinny.cu's tensor-core stream with, 0 to ECU_SKINNY_MAX. */
-static int s_skinny_rows_set(ecu_state_t *st, int rows)
-{
-    if (rows < 0 || rows > ECU_SKINNY_MAX)
-        return -EINVAL;
-    st->skinny_max = rows;
-    return 0;
+    return s_rows_limit(&ecu_st(be)->gemv_max, rows, ECU_GEMV_MAX);
 }
 
 extern "C" int eng_cuda_skinny_rows(eng_backend_t *be, int rows)
 {
     if (!be || !be->name || strcmp(be->name, "cuda") != 0)
         return -EINVAL;
-    if (rows >= 0 && s_skinny_rows_set(ecu_st(be), rows))
-        return -EINVAL;
-    return ecu_st(be)->skinny_max;
+    return s_rows_limit(&ecu_st(be)->skinny_max, rows, ECU_SKINNY_MAX);
 }
 
 extern "C" int eng_cuda_available(void)
@@ -554,18 +552,11 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         st->gemv_rope = !(gr && strcmp(gr, "0") == 0);
         /* ANVIL_CUDA_GEMV_MAX=R: matmuls of up to R rows (0 to 8) take the GEMV, larger ones
            cuBLASLt; 1 by default (eng_cuda_gemv_rows; A/B) */
-        const char *gm = getenv("ANVIL_CUDA_GEMV_MAX");
-        st->gemv_max = 1;
-        if (gm && s_gemv_rows_set(st, atoi(gm)))
-            ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_MAX=%s ignored (0 to %d)", gm, ECU_GEMV_MAX);
+        s_rows_env(&st->gemv_max, "ANVIL_CUDA_GEMV_MAX", 1, ECU_GEMV_MAX);
         /* ANVIL_CUDA_SKINNY_MAX=R: products of up to R rows (0 to 16) above the GEMV's take
            skinny.cu's tensor-core stream instead of cuBLASLt; 8 by default (on the H100 batch
            2 to 8 gain 6.7 to 7.5 %, batch 16 on it loses 3.6 %; eng_cuda_skinny_rows; A/B) */
-        const char *sm = getenv("ANVIL_CUDA_SKINNY_MAX");
-        st->skinny_max = ECU_SKINNY_DEFAULT;
-        if (sm && s_skinny_rows_set(st, atoi(sm)))
-            ANV_WARN("cuda backend: ANVIL_CUDA_SKINNY_MAX=%s ignored (0 to %d)", sm,
-                     ECU_SKINNY_MAX);
+        s_rows_env(&st->skinny_max, "ANVIL_CUDA_SKINNY_MAX", ECU_SKINNY_DEFAULT, ECU_SKINNY_MAX);
         /* a persistent GEMV grid of as many blocks as make its rounds of row groups whole
            (matmul.cu; on the H100 +0.9 to +1.3 % at batch 1); ANVIL_CUDA_GEMV_BALANCE=0 fills
            every resident slot instead (A/B) */
@@ -576,10 +567,13 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         const char *gs = getenv("ANVIL_CUDA_GEMV_SEGS");
         if (gs && s_gemv_segs_set(st, atoi(gs)))
             ANV_WARN("cuda backend: ANVIL_CUDA_GEMV_SEGS=%s ignored (0, 1, 2, 4, 8)", gs);
-        /* decode attention on tensor cores for bf16 / fp8 KV and 4 or 8 query heads a KV head
-           (attention.cu); ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel (A/B) */
+        /* attention on tensor cores for bf16 / fp8 KV: decode with 4 or 8 query heads a KV
+           head (ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel), prefill with any
+           (ANVIL_CUDA_ATTN_PREFILL_MMA=0 keeps the FMA kernel); attention.cu, A/Bs */
         const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
         st->attn_mma = !(am && strcmp(am, "0") == 0);
+        const char *apm = getenv("ANVIL_CUDA_ATTN_PREFILL_MMA");
+        st->attn_pf_mma = !(apm && strcmp(apm, "0") == 0);
         /* the tensor-core decode loads V after q.k (fewer registers, more blocks an SM;
            attention.cu): on the H200 +2.7 % (bf16 KV) and +4.9 % (fp8) at batch 256 x 2k, +2.2 %
            at batch 256, level at batch 1. ANVIL_CUDA_ATTN_VLATE=0 loads V with K (A/B) */
@@ -649,7 +643,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
              "%s%s%s, tensor-core skinny products up to %d rows, rounded twins %s, decode "
-             "attention %s%s%s, sampler %s%s",
+             "attention %s%s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off", st->gemv_max,
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
@@ -659,6 +653,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",
+             st->attn_pf_mma ? ", prefill attention mma (bf16/fp8 KV)" : ", prefill fma",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"
                                       : "8 blocks a row",

@@ -137,6 +137,7 @@ typedef struct {
     int gemv_balance;           /* persistent GEMV grids sized for whole rounds (default; A/B) */
     int skinny_max;             /* rows up to which skinny.cu replaces cuBLASLt (8; <= 16) */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
+    int attn_pf_mma;            /* tensor-core prefill attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
     int twin_on;                /* producers write rounded twins (ecu_twin_begin; default; A/B) */
@@ -271,14 +272,15 @@ int ecu_idx(ecu_state_t *st, int role, const int32_t *host, int n, const int32_t
 int ecu_rope_table(ecu_state_t *st, const int32_t *pos, int n, int head_dim, float theta,
                    const float2 **tab);
 
-/* The rope epilogue's inputs of a QKV product (skinny.cu): the step's angle table
-   (ecu_rope_table), the tokens' cache slots (device), the paged pools and the heads. */
+/* The rope epilogue's inputs of a QKV product (matmul.cu's GEMV, skinny.cu): the step's
+   angle table (ecu_rope_table), the tokens' cache slots (device), the paged pools
+   (n_blocks, block_size, n_kv_head, head_dim) kv_dtype and the heads. */
 typedef struct {
     const float2 *angles; /* (n, head_dim / 2) {cos, sin} */
     const int32_t *slots; /* (n) device */
     void *k_cache, *v_cache;
     int n_head, n_kv_head, head_dim, kv_dtype;
-} ecu_skinny_rope_t;
+} ecu_rope_kv_t;
 
 /* out (=, or += when acc) xw @ W^T + bias on the tensor cores for n <= st->skinny_max rows
    (skinny.cu), xw and W in dtype (bf16 / f16), 16-byte aligned: 1 launched, 0 when the shape
@@ -300,7 +302,7 @@ int ecu_skinny_matmul(const ecu_state_t *st,
                       int epi,
                       void *low,
                       int kind,
-                      const ecu_skinny_rope_t *rope);
+                      const ecu_rope_kv_t *rope);
 
 /* Rounded twins (matmul.cu). An op about to write `of` (n, dim) f32 calls ecu_twin_begin
    with the dtype its consumer's weights are likely in: it returns st->twinb, reserved and

@@ -100,10 +100,7 @@ typedef struct {
     const void *norm_w;  /* (in_dim) T, read when the kernel's NORM is on */
     float eps;
     int n, in_dim, out_dim, segs, epi, n_blocks; /* n_blocks: row groups (s_gemv_blocks) */
-    void *k_cache, *v_cache; /* ROPE_KV: (n_blocks, block_size, n_kv_head, head_dim) kv_dtype */
-    const int32_t *slots;    /* ROPE_KV: (n) device */
-    const float2 *angles;    /* ROPE_KV: (n, head_dim / 2) {cos, sin} (ecu_rope_table) */
-    int n_head, n_kv_head, head_dim, kv_dtype;
+    ecu_rope_kv_t rope;                          /* ROPE_KV (s_rope_kv_args) */
 } s_gemv_args_t;
 
 /* acc[r] += the 8 weights at column k times row r of x, for the n <= N live rows. FOLD (the
@@ -178,14 +175,14 @@ static __device__ __forceinline__ int s_gemv_row(int epi, int out_dim, int head_
 static __device__ __forceinline__ void s_rope_prep(const s_gemv_args_t &a, int b, int R,
                                                    float *rc, float *rs, size_t *kvo)
 {
-    const int half = R / 2, hd = a.head_dim;
+    const int half = R / 2, hd = a.rope.head_dim;
     if (threadIdx.x >= half * a.n)
         return;
     const int p = threadIdx.x % half, r = threadIdx.x / half;
     const int o0 = s_gemv_row(a.epi, a.out_dim, hd, b, p, R), h = o0 / hd;
-    *kvo = (size_t)a.slots[r] * a.n_kv_head * hd;
-    if (o0 >= 0 && h < a.n_head + a.n_kv_head) {
-        const float2 cs = a.angles[(size_t)r * (hd / 2) + o0 % hd];
+    *kvo = (size_t)a.rope.slots[r] * a.rope.n_kv_head * hd;
+    if (o0 >= 0 && h < a.rope.n_head + a.rope.n_kv_head) {
+        const float2 cs = a.rope.angles[(size_t)r * (hd / 2) + o0 % hd];
         *rc = cs.x, *rs = cs.y;
     }
 }
@@ -246,7 +243,7 @@ s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *ac
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int segs = a.segs, R = ECU_GEMV_WARPS / segs, lr = warp / segs, seg = warp % segs;
-    const int n = a.n, in_dim = a.in_dim, half = R / 2, hd = a.head_dim;
+    const int n = a.n, in_dim = a.in_dim, half = R / 2, hd = a.rope.head_dim;
     const bool pair = a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV;
     const bool owner = seg == 0 && o >= 0 && lane < n;
     /* lane r (< n) takes row r's sums */
@@ -291,8 +288,9 @@ s_gemv_finish(const s_gemv_args_t &a, int b, int o, float resid, const float *ac
             if constexpr (!ROPE) { /* ENG_LIN_SWIGLU */
                 a.out[(size_t)r * (a.out_dim / 2) + o0] = va / (1.0f + expf(-va)) * vb;
             } else {
-                ecu_rope_pair_put(a.out, a.k_cache, a.v_cache, a.kv_dtype, kvo, r, o0 / hd, o0 % hd,
-                                  a.n_head, a.n_kv_head, hd, va, vb, rc, rs);
+                ecu_rope_pair_put(a.out, a.rope.k_cache, a.rope.v_cache, a.rope.kv_dtype, kvo, r,
+                                  o0 / hd, o0 % hd, a.rope.n_head, a.rope.n_kv_head, hd, va, vb, rc,
+                                  rs);
             }
         }
     }
@@ -331,7 +329,7 @@ static __global__ void __launch_bounds__(ECU_GEMV_WARPS * 32)
     __shared__ float fin[ECU_GEMV_WARPS][N], row_ss[N];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int segs = a.segs, R = ECU_GEMV_WARPS / segs, lr = warp / segs, seg = warp % segs;
-    const int n = a.n, in_dim = a.in_dim, hd = a.head_dim;
+    const int n = a.n, in_dim = a.in_dim, hd = a.rope.head_dim;
     const int seg_len = in_dim / segs, k0 = seg * seg_len + lane * 8, kend = (seg + 1) * seg_len;
     const bool pair = a.epi == ENG_LIN_SWIGLU || a.epi == ENG_LIN_ROPE_KV;
     const T *nw = (const T *)a.norm_w;
@@ -485,7 +483,7 @@ static unsigned s_gemv_blocks(const s_gemv_args_t *a)
     if (a->epi == ENG_LIN_SWIGLU)
         return (unsigned)((a->out_dim / 2 + half - 1) / half);
     if (a->epi == ENG_LIN_ROPE_KV)
-        return (unsigned)(a->out_dim / a->head_dim * (a->head_dim / 2 / half));
+        return (unsigned)(a->out_dim / a->rope.head_dim * (a->rope.head_dim / 2 / half));
     return (unsigned)((a->out_dim + R - 1) / R);
 }
 
@@ -498,9 +496,9 @@ static int s_gemv_launch_n(const ecu_state_t *st, const T *w, s_gemv_args_t a)
     const bool rope = a.epi == ENG_LIN_ROPE_KV;
     const size_t smem = NORM == S_NORM_STAGE ? (size_t)a.n * a.in_dim * sizeof(float) : 0;
     long slots = 0;
-    a.segs = rope ? s_gemv_segs<N, T, NORM, true>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
+    a.segs = rope ? s_gemv_segs<N, T, NORM, true>(st, a.in_dim, a.out_dim, a.epi, a.rope.head_dim,
                                                   &slots)
-                  : s_gemv_segs<N, T, NORM, false>(st, a.in_dim, a.out_dim, a.epi, a.head_dim,
+                  : s_gemv_segs<N, T, NORM, false>(st, a.in_dim, a.out_dim, a.epi, a.rope.head_dim,
                                                    &slots);
     if (a.segs == 0)
         return 0;
@@ -778,6 +776,19 @@ int ecu_twin_begin(ecu_state_t *st, const float *of, int n, int dim, eng_dtype_t
     return 0;
 }
 
+/* The rope epilogue's inputs of QKV linear f over n rows: the step's angle table and the
+   tokens' cache slots on the device, the pools and the heads. */
+static int s_rope_kv_args(eng_backend_t *be, const eng_linear_t *f, int n, ecu_rope_kv_t *r)
+{
+    ecu_state_t *st = ecu_st(be);
+    *r = {};
+    ECU_TRY(ecu_rope_table(st, f->pos, n, f->head_dim, f->theta, &r->angles));
+    ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &r->slots));
+    r->k_cache = f->k_cache, r->v_cache = f->v_cache, r->n_head = f->n_head;
+    r->n_kv_head = f->n_kv_head, r->head_dim = f->head_dim, r->kv_dtype = be->kv_dtype;
+    return 0;
+}
+
 /* The pair epilogue of linear f in skinny.cu's product, its input rounded in st->xconv: 1
    launched, 0 when the shape does not fit, < 0 on error. */
 static int s_skinny_pair(eng_backend_t *be,
@@ -801,11 +812,8 @@ static int s_skinny_pair(eng_backend_t *be,
             ecu_twin_drop(st);
         return rc;
     }
-    ecu_skinny_rope_t r = {};
-    ECU_TRY(ecu_rope_table(st, f->pos, n, f->head_dim, f->theta, &r.angles));
-    ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &r.slots));
-    r.k_cache = f->k_cache, r.v_cache = f->v_cache, r.n_head = f->n_head;
-    r.n_kv_head = f->n_kv_head, r.head_dim = f->head_dim, r.kv_dtype = be->kv_dtype;
+    ecu_rope_kv_t r;
+    ECU_TRY(s_rope_kv_args(be, f, n, &r));
     return ecu_skinny_matmul(st, out, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, false,
                              ENG_LIN_ROPE_KV, NULL, ECU_TWIN_NONE, &r);
 }
@@ -910,12 +918,8 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
                                          f->n_kv_head, f->head_dim, f->theta);
             return s_linear_composed(be, out, x, w, bias, dtype, n, in_dim, out_dim, f, twin);
         }
-        if (f->epi == ENG_LIN_ROPE_KV) {
-            ECU_TRY(ecu_rope_table(st, f->pos, n, f->head_dim, f->theta, &a.angles));
-            ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, f->slots, n, &a.slots));
-            a.k_cache = f->k_cache, a.v_cache = f->v_cache, a.n_head = f->n_head;
-            a.n_kv_head = f->n_kv_head, a.head_dim = f->head_dim, a.kv_dtype = be->kv_dtype;
-        }
+        if (f->epi == ENG_LIN_ROPE_KV)
+            ECU_TRY(s_rope_kv_args(be, f, n, &a.rope));
         int rc = s_gemv_launch(st, w, dtype, a);
         if (rc != 0)
             return rc < 0 ? rc : 0;

@@ -36,6 +36,14 @@
     9 to 16 rows (two n-tiles, U = 2 to keep two blocks an SM) it loses: batch 16 2164.0 /
     2156.6 against 2242.3 / 2241.0 (x0.964; a layer 192.4 us against 186.9), so those stay on
     cuBLASLt unless ANVIL_CUDA_SKINNY_MAX says otherwise.
+    Measured and removed (2026-12-06, H100, graphs, each against this kernel in one run): W
+    loaded with L1::no_allocate (batch 8 1281.3 -> 1266.7 tok/s; batch 16 on skinny 2163.9 ->
+    2213.0, still below cuBLASLt's 2239.7); x loaded as it is used with U = 4 at two n-tiles
+    (batch 16 2061.1); the linear's norm folded into the product (x read as f32 and scaled by
+    the norm's weights as it is used, the row's sum of squares gathered on the way, no norm
+    kernel before QKV, gate|up and lm_head): batch 2 / 4 / 8 279.5 / 539.9 / 1024.7 against
+    343.1 / 672.4 / 1312.8 with the norm kernel, and the model test's batch-4 |dlogprob| at
+    0.100, its bound.
 */
 #include "eng_cuda_internal.h"
 
@@ -53,7 +61,7 @@ typedef struct {
     int n, in_dim, out_dim, segs, acc;
     void *low; /* S_SWIGLU: the twin (n, out_dim / 2) or NULL */
     int kind;  /* ECU_TWIN_* */
-    ecu_skinny_rope_t rope;
+    ecu_rope_kv_t rope;
 } s_skinny_args_t;
 
 /* tiles of the product: 16 features, 8 gate/up pairs, or 8 dims pairs of a head */
@@ -179,28 +187,28 @@ static __global__ void __launch_bounds__(ECU_SKINNY_WARPS * 32)
                     a.out[(size_t)r * ffn + f] = v;
                     ecu_twin_store(a.low, a.kind, (size_t)r * ffn + f, v);
                 } else {
-                    const ecu_skinny_rope_t &q = a.rope;
+                    const ecu_rope_kv_t &q = a.rope;
                     const float2 cs = q.angles[(size_t)r * hh + i];
                     const size_t kvo = (size_t)q.slots[r] * q.n_kv_head * hd;
                     ecu_rope_pair_put(a.out, q.k_cache, q.v_cache, q.kv_dtype, kvo, r, h, i,
                                       q.n_head, q.n_kv_head, hd, va, vb, cs.x, cs.y);
                 }
             }
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-        const int o = e >= 2 ? f + 8 : f;
-        if (o >= out_dim)
-            continue;
-        const float bv = bias ? ecu_ld<T>(bias, o) : 0.0f;
+        for (int e = 0; e < 4; e++) {
+            const int o = e >= 2 ? f + 8 : f;
+            if (o >= out_dim)
+                continue;
+            const float bv = bias ? ecu_ld<T>(bias, o) : 0.0f;
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const int r = 8 * j + 2 * t + (e & 1);
-            if (r < n) {
-                float *p = a.out + (size_t)r * out_dim + o;
-                const float v = acc4[j][e] + bv;
-                *p = a.acc ? *p + v : v;
+            for (int j = 0; j < NT; j++) {
+                const int r = 8 * j + 2 * t + (e & 1);
+                if (r < n) {
+                    float *p = a.out + (size_t)r * out_dim + o;
+                    const float v = acc4[j][e] + bv;
+                    *p = a.acc ? *p + v : v;
+                }
             }
         }
     }
@@ -272,10 +280,10 @@ int ecu_skinny_matmul(const ecu_state_t *st,
                       int epi,
                       void *low,
                       int kind,
-                      const ecu_skinny_rope_t *rope)
+                      const ecu_rope_kv_t *rope)
 {
     if (n < 1 || n > st->skinny_max || n > ECU_SKINNY_MAX || (uintptr_t)xw % 16 ||
-        (uintptr_t)w % 16 || in_dim % 8 || (dtype != ENG_DTYPE_BF16 && dtype != ENG_DTYPE_F16))
+        (uintptr_t)w % 16 || (dtype != ENG_DTYPE_BF16 && dtype != ENG_DTYPE_F16))
         return 0;
     s_skinny_args_t a = {};
     a.out = out, a.x = xw, a.bias = bias, a.n = n, a.in_dim = in_dim, a.out_dim = out_dim;
