@@ -2,8 +2,8 @@
 # memcheck.sh - the whole-model test (few steps) under compute-sanitizer memcheck.
 # Usage: memcheck.sh [--tool memcheck|racecheck] PATH/BIN [ARGS...]
 # ARGS default to "--steps 4" (test_cuda_model's); racecheck checks shared-memory hazards
-# (gpu_session runs it on test_cuda_ops --only decodes). Exit 77 when the sanitizer or a GPU
-# is missing.
+# (gpu_session runs it on test_cuda_ops --only decodes and --only prefill). Exit 77 when the
+# sanitizer or a GPU is missing.
 set -u
 tool=memcheck
 if [ "${1:-}" = --tool ]; then

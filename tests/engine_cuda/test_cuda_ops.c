@@ -1102,12 +1102,15 @@ static void s_sample_timing(eng_backend_t *gb, const char *label)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0); /* a log up to the last line even if a kernel faults */
-    /* --only decodes: just the 64-decode test (its three decode variants), for a run under
-       compute-sanitizer (gpu_session's memcheck_dec / racecheck_dec) */
-    const bool only_decodes = argc == 3 && !strcmp(argv[1], "--only") &&
-                              !strcmp(argv[2], "decodes");
-    if (argc > 1 && !only_decodes) {
-        fprintf(stderr, "usage: %s [--only decodes]\n", argv[0]);
+    /* --only decodes: just the 64-decode test (its three decode variants); --only prefill:
+       just the longer prefills on the tensor-core kernel (bf16 and fp8 KV, 4 and 8 query heads
+       a KV head); for a run under compute-sanitizer (gpu_session's memcheck_dec /
+       racecheck_dec, memcheck_pf / racecheck_pf) */
+    const bool only = argc == 3 && !strcmp(argv[1], "--only");
+    const bool only_decodes = only && !strcmp(argv[2], "decodes");
+    const bool only_prefill = only && !strcmp(argv[2], "prefill");
+    if (argc > 1 && !only_decodes && !only_prefill) {
+        fprintf(stderr, "usage: %s [--only decodes|prefill]\n", argv[0]);
         return 2;
     }
     anv_log_init("test_cuda_ops");
@@ -1123,14 +1126,21 @@ int main(int argc, char **argv)
         printf("FAIL: cannot create the backends\n");
         return 1;
     }
-    if (only_decodes) {
-        test_attention_decodes(ENG_DTYPE_BF16);
-        test_attention_decodes(ENG_DTYPE_F8E4M3);
+    if (only_decodes || only_prefill) {
+        if (only_decodes) {
+            test_attention_decodes(ENG_DTYPE_BF16);
+            test_attention_decodes(ENG_DTYPE_F8E4M3);
+        } else {
+            test_attention_prefill(gpu, 128, 32, 8);
+            test_attention_prefill(gpu8, 128, 32, 8);
+            test_attention_prefill(gpu, 64, 16, 2);
+        }
         gpu32->destroy(&gpu32);
         gpu8->destroy(&gpu8);
         gpu->destroy(&gpu);
         cpu->destroy(&cpu);
-        return ecu_t_done("test_cuda_ops --only decodes");
+        return ecu_t_done(only_decodes ? "test_cuda_ops --only decodes"
+                                       : "test_cuda_ops --only prefill");
     }
     eng_dtype_t dts[3] = {ENG_DTYPE_BF16, ENG_DTYPE_F16, ENG_DTYPE_F32};
     for (int i = 0; i < 3; i++) {

@@ -71,6 +71,14 @@
 #   memcheck_dec memcheck on test_cuda_ops --only decodes: 64 decodes on the default and the
 #                KV-heads-inner decode grids and with V loaded with K
 #   racecheck_dec the same under racecheck
+#   memcheck_pf  memcheck on test_cuda_ops --only prefill: the tensor-core prefill attention
+#                (a 300-token prompt, a 200-token chunk after 500; bf16 / fp8 KV, G 4 / 8)
+#   racecheck_pf the same under racecheck (its K / V chunks and q in shared memory)
+#   bench_prefill prefill of 1k-token prompts at batch 16 and 64 with the prefill attention on
+#                the tensor cores (the default) and with ANVIL_CUDA_ATTN_PREFILL_MMA=0 (the FMA
+#                kernel): prefill_tok_s, the A/B in one session
+#   kernels_prefill ncu's detail sections (speed of light, compute, memory, occupancy, warp
+#                states, scheduler) for two launches of the prefill attention (two 1k prompts)
 #   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
 #                (time, DRAM bytes, GB/s) and the time between kernels
 #   kernels_b256 the same for one batch-256 step at 2k context (ncu_step.py --ctx-len 2048):
@@ -424,6 +432,17 @@ step memcheck 120 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_fma 120 env ANVIL_CUDA_ATTN_MMA=0 "$TESTS/memcheck.sh" "$T_MODEL"
 step memcheck_dec 180 "$TESTS/memcheck.sh" "$T_OPS" --only decodes
 step racecheck_dec 240 "$TESTS/memcheck.sh" --tool racecheck "$T_OPS" --only decodes
+step memcheck_pf 180 "$TESTS/memcheck.sh" "$T_OPS" --only prefill
+step racecheck_pf 240 "$TESTS/memcheck.sh" --tool racecheck "$T_OPS" --only prefill
+if [ $DRY = 1 ]; then
+    PF_ARGS=(--backend cpu --shape tiny --threads 4 --batches 2 --prompt 16 --new 2)
+else
+    PF_ARGS=(--batches 16,64 --prompt 1024 --new 8)
+fi
+step bench_prefill 120 bash -c 'b=$0; for v in 1 0; do
+        echo "== ANVIL_CUDA_ATTN_PREFILL_MMA=$v"
+        ANVIL_CUDA_ATTN_PREFILL_MMA=$v "$b" "$@" --ctx-batch 0 --grpo-prompts 0 || exit 1
+    done' "$BENCH" "${PF_ARGS[@]}"
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
     step kernels 240 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
     step kernels_b256 120 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 256 \
@@ -435,6 +454,11 @@ if [ $DRY = 0 ] && command -v ncu > /dev/null; then
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
         --section LaunchStats --section SchedulerStats "$BENCH" --batches 1 --prompt 512 \
         --new 8 --ctx-batch 0 --grpo-prompts 0
+    step kernels_prefill 120 ncu --clock-control none --kernel-name regex:"s_attn_prefill" \
+        --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        --section SchedulerStats "$BENCH" --batches 2 --prompt 1024 --new 2 --ctx-batch 0 \
+        --grpo-prompts 0
     step kernels_fma 240 env ANVIL_CUDA_KV=fp8 bash -c '
             "$0" "$1" --bench "$2" --out "$3/fp8" --batch 256 --ctx-len 2048 || exit 1
             ANVIL_CUDA_ATTN_MMA=0 "$0" "$1" --bench "$2" --out "$3/fma" --batch 256 \
@@ -483,6 +507,12 @@ fi
     grep -E "^(kernel|step) " "$OUT/kernels_b256.log" 2>/dev/null
     echo "== the same step with fp8 KV: mma decode, then FMA decode (ncu)"
     grep -E "^(kernel|step) " "$OUT/kernels_fma.log" 2>/dev/null
+    echo "== prefill of 1k-token prompts: prefill attention on tensor cores, then FMA"
+    grep -E "^(==|decode )" "$OUT/bench_prefill.log" 2>/dev/null
+    echo "== the tensor-core prefill attention in detail (ncu sections)"
+    pm="Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per"
+    pm="$pm|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc Active|Block Limit"
+    grep -E "^  [a-z_]|^    ($pm)" "$OUT/kernels_prefill.log" 2>/dev/null
 } > "$OUT/figures.txt"
 log "done in $(( $(date +%s) - START ))s; summary:"
 cat "$SUMMARY" | tee -a "$OUT/session.log"
