@@ -935,6 +935,21 @@ static __device__ __forceinline__ uint4 s_kv8_pairs(uint2 u)
                       s_e4m3x2_h2(u.y >> 16));
 }
 
+/* d0 += (hi + lo) B0 and d1 += (hi + lo) B1: A as a hi + lo pair of fragments against two
+   n-tiles of B (b[0..1], b[2..3], as one ldmatrix.x4 gives them) */
+template <typename T>
+static __device__ __forceinline__ void s_mma_hilo2(float (&d0)[4],
+                                                   float (&d1)[4],
+                                                   const unsigned (&hi)[4],
+                                                   const unsigned (&lo)[4],
+                                                   const unsigned (&b)[4])
+{
+    ecu_mma16816<T>(d0, hi[0], hi[1], hi[2], hi[3], b[0], b[1]);
+    ecu_mma16816<T>(d0, lo[0], lo[1], lo[2], lo[3], b[0], b[1]);
+    ecu_mma16816<T>(d1, hi[0], hi[1], hi[2], hi[3], b[2], b[3]);
+    ecu_mma16816<T>(d1, lo[0], lo[1], lo[2], lo[3], b[2], b[3]);
+}
+
 template <int HD> static constexpr size_t s_pf_smem()
 {
     return (size_t)(2 * ECU_ATTN_WARPS * 16 + 2 * ECU_ATTN_PF_KC) * (HD + 8) * 2;
@@ -1056,10 +1071,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                 for (int n = 0; n < NT; n += 2) {
                     unsigned b[4];
                     s_ldsm4<false>(b, ks + (8 * n + bk) * LD + 16 * kk + bd);
-                    ecu_mma16816<T>(s[n], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
-                    ecu_mma16816<T>(s[n], al[0], al[1], al[2], al[3], b[0], b[1]);
-                    ecu_mma16816<T>(s[n + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
-                    ecu_mma16816<T>(s[n + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
+                    s_mma_hilo2<T>(s[n], s[n + 1], ah, al, b);
                 }
             }
             /* the causal mask and the online softmax: the lane holds positions c0 + 8 n +
@@ -1091,9 +1103,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                     s[n][c] = __expf(s[n][c] - ma), s[n][2 + c] = __expf(s[n][2 + c] - mb);
                     la += s[n][c], lb += s[n][2 + c];
                 }
-                /* O += P V, k-step j = positions 16 j ..: A from n-tiles 2 j and 2 j + 1 */
 #pragma unroll
             for (int j = 0; j < KC / 16; j++) {
+                /* O += P V, k-step j = positions 16 j ..: A from n-tiles 2 j and 2 j + 1 */
                 unsigned ph[4], pl[4];
                 s_hilo<T>(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);
                 s_hilo<T>(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);
@@ -1103,10 +1115,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                 for (int n = 0; n < ND; n += 2) {
                     unsigned b[4];
                     s_ldsm4<true>(b, vs + (16 * j + vk) * LD + 8 * n + vd);
-                    ecu_mma16816<T>(o[n], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
-                    ecu_mma16816<T>(o[n], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
-                    ecu_mma16816<T>(o[n + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
-                    ecu_mma16816<T>(o[n + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+                    s_mma_hilo2<T>(o[n], o[n + 1], ph, pl, b);
                 }
             }
         }
