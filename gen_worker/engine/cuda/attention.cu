@@ -1131,6 +1131,8 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     unsigned(*pf)[ECU_ATTN_WARPS][8][32] = (unsigned(*)[ECU_ATTN_WARPS][8][32])(qf + NP);
     float(*wo)[8 * WS] = (float(*)[8 * WS])(pf + NP); /* [warps] */
     __shared__ float wm[NP][ECU_ATTN_WARPS][8], wl[NP][ECU_ATTN_WARPS][8];
+    __shared__ float fw[NP][8][ECU_ATTN_WARPS]; /* the merge's weights */
+    __shared__ long long rpi[NP][8];            /* the rows' partials (-1: no member) */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     const size_t kv_row = (size_t)n_kv_head * HD;
     ecu_pdl_trigger();
@@ -1172,6 +1174,30 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
         }
         unsigned vw[2][2][2][D::VW];
         s_dm_load_v<HD, T>(vw, v_cache, kvh, kv_row, pos, 32);
+        /* s_warps_merge's weights, once a (row, warp): exp(max_w - max) as it computes them
+           (so the same bits), the row's {max, sum}, and where its partial goes */
+        __syncthreads(); /* every warp's (max, sum) of every m-tile */
+        if (threadIdx.x < np * 8) {
+            const int j = threadIdx.x >> 3, qg = threadIdx.x & 7, m = j * MQ + qg / G;
+            float mx = -INFINITY, sum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ECU_ATTN_WARPS; w++)
+                mx = fmaxf(mx, wm[j][w][qg]);
+#pragma unroll
+            for (int w = 0; w < ECU_ATTN_WARPS; w++) {
+                const float f = wm[j][w][qg] == -INFINITY ? 0.0f : __expf(wm[j][w][qg] - mx);
+                fw[j][qg][w] = f;
+                if (wm[j][w][qg] != -INFINITY)
+                    sum += wl[j][w][qg] * f;
+            }
+            const long long pi =
+                m < nm
+                    ? (long long)(tok_part[gmembers[gt.w + m]] + gt.y) * n_head + kvh * G + qg % G
+                    : -1;
+            rpi[j][qg] = pi;
+            if (pi >= 0)
+                part_ml[pi] = make_float2(mx, sum);
+        }
         for (int j = 0; j < np; j++) {
             unsigned ph[2][2], pl[2][2];
 #pragma unroll
@@ -1182,20 +1208,23 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                     pl[s][hh] = pf[j][warp][4 + 2 * s + hh][lane];
             float oacc[MT][4], oacc2[MT][4];
             s_dm_pv<HD, T, true>(oacc, oacc2, vw, ph, pl);
-            if (j > 0)
-                __syncthreads(); /* m-tile j - 1's merge is done with wo */
+            __syncthreads(); /* the weights are in; m-tile j - 1's merge is done with wo */
             s_dm_wo<HD, T, true>(wo[warp], oacc, oacc2);
             __syncthreads();
+            /* a warp's 32 outputs: 4 dims of the 8 rows (wo's words in a row, no bank
+               conflicts); the sum of s_warps_merge in its order */
             for (int idx = threadIdx.x; idx < 8 * HD; idx += blockDim.x) {
-                const int qg = idx / HD, d = idx % HD, m = j * MQ + qg / G;
-                if (m >= nm)
+                const int qg = idx & 7, d = idx >> 3;
+                const long long pi = rpi[j][qg];
+                if (pi < 0)
                     continue;
                 const int at2 = (d / DV) * WS + (d % DV) * 8 + qg;
-                const size_t pi =
-                    (size_t)(tok_part[gmembers[gt.w + m]] + gt.y) * n_head + kvh * G + qg % G;
-                s_warps_merge<8>(
-                    wm[j], wl[j], qg, [&](int w) { return wo[w][at2]; }, part_o, part_ml, pi, HD,
-                    d);
+                float acc = 0.0f;
+#pragma unroll
+                for (int w = 0; w < ECU_ATTN_WARPS; w++)
+                    if (wm[j][w][qg] != -INFINITY)
+                        acc += wo[w][at2] * fw[j][qg][w];
+                part_o[(size_t)pi * HD + d] = acc;
             }
         }
     }
@@ -1624,23 +1653,22 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
                items (the items are counted on the device: any grid computes them all) */
             constexpr size_t smem = s_gm_smem<HD, G>();
             static int per_sm = 0; /* per instantiation */
+            auto gk = s_attn_group_mma_kernel<HD, G, T>;
             if (per_sm == 0) {
-                ECU_CHECK(cudaFuncSetAttribute(s_attn_group_mma_kernel<HD, G, T>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                ECU_CHECK(cudaFuncSetAttribute(gk, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)smem));
-                ECU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                    &per_sm, s_attn_group_mma_kernel<HD, G, T>, ECU_ATTN_WARPS * 32, smem));
+                ECU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gk,
+                                                                        ECU_ATTN_WARPS * 32, smem));
                 per_sm = per_sm > 0 ? per_sm : 1;
             }
             const long items = (long)p->max_gt * n_kv_head;
             const long most = (long)st->n_sm * per_sm;
             ECU_CHECK(ecu_launch(
-                st, s_attn_group_mma_kernel<HD, G, T>,
-                dim3((unsigned)(items < most ? items : most)), dim3(ECU_ATTN_WARPS * 32), smem, q,
-                (const T *)kc, (const T *)vc, (const int4 *)p->gtiles, (const int *)p->gcount,
-                (const int *)p->gmembers, (const int *)p->tok_part, (const int *)p->block_tables,
-                p->max_blocks, block_size, n_head, n_kv_head, scale, (float *)st->part_o.ptr,
-                (float2 *)st->part_ml.ptr));
+                st, gk, dim3((unsigned)(items < most ? items : most)), dim3(ECU_ATTN_WARPS * 32),
+                smem, q, (const T *)kc, (const T *)vc, (const int4 *)p->gtiles,
+                (const int *)p->gcount, (const int *)p->gmembers, (const int *)p->tok_part,
+                (const int *)p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, scale,
+                (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr));
         }
     return 0;
 }
