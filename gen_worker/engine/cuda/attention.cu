@@ -30,6 +30,12 @@
     ANVIL_CUDA_ATTN_PREFILL_MMA=0; s_attn_prefill_mma_kernel: K and V chunks staged in shared
     memory and read by ldmatrix, q and p as hi + lo pairs), where the FMA kernel issues about
     one shared-memory load an FMA.
+    Decode splits that several sequences hold in the same cache blocks (n samples of a prompt)
+    are found by the plan (s_plan_groups, from the block tables and the block size) and run
+    as group tiles (st->attn_group, off with ANVIL_CUDA_ATTN_GROUP=0;
+    s_attn_group_mma_kernel): one block reads the split's K and V rows once for up to 8
+    sequences, with the same bits per sequence as its own tile; their decode tiles return at
+    once (tile_grp). The combine is unchanged: a group tile writes each member's partial.
     A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
     default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
     256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a token
@@ -253,6 +259,7 @@ int ecu_attn_plan(ecu_state_t *st,
     p->n_tiles = n_tiles, p->n_dec_tiles = n_dec, p->n_tok = n_tok, p->n_parts = n_parts, p->n_seq = n_seq;
     p->max_blocks = b->max_blocks, p->q_tile = q_tile;
     p->n_gt = n_gt, p->max_gt = max_gt, p->group_bs = max_gt > 0 ? block_size : 0;
+    st->group_plans += n_gt > 0, st->group_tiles += n_gt;
     p->tiles = (int4 *)d;
     p->gtiles = (int4 *)(d + 4 * (size_t)n_tiles);
     p->tok_part = d + 4 * (size_t)n_tiles + 4 * (size_t)max_gt;
@@ -1085,19 +1092,26 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
 /* Group tiles (st->attn_group, the default; ANVIL_CUDA_ATTN_GROUP=0 for the A/B): a split
    that several decode sequences hold in the same cache blocks (the prompt a group of n
    samples shares) is computed by one block for all of them, so its K and V rows are read once
-   instead of once a sequence. A GRPO step's decodes read their prompt's rows n times otherwise:
-   on the H100 (ncu, 16 groups of 8 at a 1k prompt) L2 kept DRAM at 73 of 549 MB a layer, but
-   the kernel still moved 631 MB from L2 and took 157 us against 200 for unshared sequences.
-   The block loads its warps' K rows (as the decode kernel), then for each m-tile of 8 query
-   rows (two members' 4 heads, or one member's 8) runs q.k and the softmax, the p fragments to
-   shared memory; then V, and for each m-tile p.v, the warps' results merged into the members'
-   partials. Every row is computed with the decode kernel's instructions in its order (rows
-   of an mma are independent; G = 4's hi and lo columns become the G = 8 layout's two
-   accumulators, summed the same way), so a sequence gets the same bits in a group tile as in
-   its own (test_cuda_ops holds the two to that): grouping never depends on the rest of the
-   batch for its results. Only full splits are grouped (the last, partial split of a sequence
-   is its own). A persistent grid: blocks take (group tile, KV head) items in turn, the count
-   read from the plan (a graph step's grid does not depend on it). */
+   instead of once a sequence. Before, a GRPO step's decodes read their prompt's rows n times:
+   on the H100 (ncu, 16 prompts x 8 samples at a 1k prompt, a layer) L2 kept DRAM at 73 of 549
+   MB, but the kernel still moved 631 MB out of L2 and took 156 us, against 200 for as many
+   unshared sequences. The block loads its warps' K rows (as the decode kernel), then for
+   each m-tile of 8 query rows (two members' 4 heads, or one member's 8) runs q.k and the
+   softmax, the p fragments to shared memory; then V, and for each m-tile p.v and the warps'
+   merge into the members' partials (each (row, warp) weight computed once, a warp's outputs 4
+   dims of the 8 rows: 58 -> 45 us a layer against s_warps_merge a element). Every row is
+   computed with the decode kernel's instructions in its order (rows of an mma are
+   independent; G = 4's hi and lo columns become the G = 8 layout's two accumulators, summed
+   the same way; the merge sums the same products in the same order), so a sequence gets the
+   same bits in a group tile as in its own (test_cuda_ops and generate_groups.sh hold the two
+   to that): grouping never changes a result. Only full splits are grouped (the last, partial
+   split of a sequence is its own). A persistent grid: blocks take (group tile, KV head) items
+   in turn, the count read from the plan (a graph step's grid does not depend on it).
+   On the H100 (the same ncu run): 17.5 us (the decode kernel, the sequences' own splits) +
+   45 us (this kernel) against 156 us a layer; the GRPO workload (64 prompts x 8 samples,
+   graphs) 10370 -> 12262 / 12193 tok/s with the same tokens. Measured and left: V loaded with
+   K (162 registers; GRPO x0.99, ncu 84 -> 87 us at a larger step), 4 blocks an SM (128
+   registers; ncu 63.7 -> 58.3 us, GRPO 12127 / 12277 -> 12212 / 12210: level). */
 template <int HD, int G> static constexpr size_t s_gm_smem()
 {
     return (size_t)G * (HD / 16) * 32 * 16 + (size_t)G * ECU_ATTN_WARPS * 8 * 32 * 4 +

@@ -475,6 +475,9 @@ static void s_destroy(eng_backend_t **be_p)
     eng_backend_t *be = *be_p;
     ecu_state_t *st = ecu_st(be);
     if (st) {
+        if (st->group_plans > 0)
+            ANV_INFO("cuda backend: %lld attention plans had group tiles, %lld in all",
+                     st->group_plans, st->group_tiles);
         if (st->stream)
             cudaStreamSynchronize(st->stream);
         ecu_graph_free_all(st);

@@ -148,6 +148,7 @@ typedef struct {
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
     int attn_group;             /* decode splits in shared blocks as group tiles (attention.cu) */
     int kv_block_size;          /* the KV cache's block size, as last given (0: not yet) */
+    long long group_plans, group_tiles; /* plans with group tiles, and their tiles (a log line) */
     int twin_on;                /* producers write rounded twins (ecu_twin_begin; default; A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;

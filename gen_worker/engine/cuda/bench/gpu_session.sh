@@ -29,6 +29,8 @@
 #   load_8b      anvil-generate --backend cuda on the 8B checkpoint, 1 token: the engine's
 #                "weights: ... GB/s" line (page cache warm: written just before), twice
 #   gen_graphs   generate_graphs.sh: the engine with and without --cuda-graphs
+#   gen_groups   generate_groups.sh: the engine's 8 samples a prompt with the attention's group
+#                tiles and without (ANVIL_CUDA_ATTN_GROUP=0): the same tokens and logprobs
 #   hf_peer      hf_peer_bench.py: HF transformers generate at the same decode batches
 #   vs_hf        hf_compare.py: the engine against HF on a 2-layer Seed-Coder shape
 #   vs_hf_fp8    the same with the KV cache in fp8 (ANVIL_CUDA_KV=fp8): its accuracy cost
@@ -420,9 +422,11 @@ rm -rf "$CKPT"
 
 if [ $DRY = 1 ]; then
     step gen_graphs 120 env BACKEND=cpu "$TESTS/generate_graphs.sh" "$GEN"
+    step gen_groups 120 env BACKEND=cpu "$TESTS/generate_groups.sh" "$GEN"
     log "hf_peer: needs the GPU, not run in --dry"
 else
     step gen_graphs 120 "$TESTS/generate_graphs.sh" "$GEN"
+    step gen_groups 120 "$TESTS/generate_groups.sh" "$GEN"
     step hf_peer 150 "$PY" "$BENCHDIR/hf_peer_bench.py" --batches 1,16,64,256 --prompt 512 \
         --new 256
 fi
