@@ -7,21 +7,9 @@
 # Exit 77 without a GPU or without torch. BACKEND=cpu runs the same script on the CPU (the flag
 # is then ignored with a warning): how the script itself is checked without a GPU.
 set -u
-backend=${BACKEND:-cuda}
 gen=$1
-src=${ANVIL_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-py=${ANVIL_PYTHON:-}
-[ -n "$py" ] || py=$( [ -x "$src/.venv/bin/python" ] && echo "$src/.venv/bin/python" || command -v python3)
-if [ "$backend" = cuda ] && { ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; }; then
-    echo "SKIP: no GPU visible"; exit 77
-fi
-if ! "$py" -c "import torch, transformers, tokenizers" 2>/dev/null; then
-    echo "SKIP: no torch/transformers/tokenizers for $py"; exit 77
-fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-"$py" "$src/gen_worker/engine/tools/tiny_model.py" "$tmp/model" --layers 2 --hidden 256 \
-    --heads 4 --kv-heads 2 --ffn 512 >/dev/null || { echo "FAIL: cannot make the model"; exit 1; }
+. "$(dirname "$0")/gen_common.sh"
+gen_setup --layers 2 --hidden 256 --heads 4 --kv-heads 2 --ffn 512
 fail=0
 for n in 1 3 16; do
     : > "$tmp/p$n.jsonl"

@@ -433,6 +433,115 @@ static void test_attention_decodes(eng_dtype_t kv)
     free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
 }
 
+/* Decode splits several sequences hold in the same cache blocks (a group's shared prompt):
+   the group tiles of attention.cu. Sequences, block size 16: 11 sharing 40 blocks (5 full
+   splits; 8 + 3 members a split), 5 sharing 20 (splits 0 and 1; split 2 only partly shared,
+   so their own), 3 sharing split 0's blocks and split 1's first block but not its others (a
+   copied partial block: their own), a prefill chunk of 37 tokens among them, and decodes of
+   context 1, 128 and 129. The plan must hold 13 group tiles; the result must match the CPU
+   and, bit for bit, a backend without group tiles (ANVIL_CUDA_ATTN_GROUP=0, each sequence's
+   own tiles), directly and through prepare(). */
+static void test_attention_groups(eng_dtype_t kv, int hd, int nh, int nkv)
+{
+    enum { NS = 23, MB = 64 };
+    const int bs = 16, nb = NS * MB;
+    char name[160];
+    char *was = s_env_swap("ANVIL_CUDA_ATTN_GROUP", "0");
+    eng_backend_t *solo = eng_cuda_backend_new_kv(kv);
+    free(s_env_swap("ANVIL_CUDA_ATTN_GROUP", was));
+    free(was);
+    eng_backend_t *grp = eng_cuda_backend_new_kv(kv);
+    ecu_t_check(solo && grp, "backends with and without group tiles");
+    if (!solo || !grp) {
+        if (solo)
+            solo->destroy(&solo);
+        if (grp)
+            grp->destroy(&grp);
+        return;
+    }
+    int32_t nq[NS], ctx[NS], q_start[NS + 1], *tables = malloc((size_t)NS * MB * 4);
+    int32_t *perm = malloc((size_t)nb * 4);
+    for (int i = 0; i < nb; i++)
+        perm[i] = i;
+    for (int i = nb - 1; i > 0; i--) {
+        int j = (int)(ecu_t_uniform() * (i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    memcpy(tables, perm, (size_t)NS * MB * 4); /* every sequence its own blocks, then: */
+    static const int extra_a[11] = {0, 1, 5, 127, 128, 129, 200, 255, 300, 383, 64};
+    for (int s = 0; s < NS; s++)
+        nq[s] = 1;
+    for (int s = 0; s < 11; s++) { /* 0..10: 40 blocks of sequence 0 */
+        ctx[s] = 640 + extra_a[s];
+        memcpy(tables + s * MB, tables, 40 * 4);
+    }
+    for (int s = 11; s < 16; s++) { /* 11..15: 20 blocks of sequence 11 */
+        ctx[s] = 321 + (s - 11) * 97;
+        memcpy(tables + s * MB, tables + 11 * MB, 20 * 4);
+    }
+    for (int s = 16; s < 19; s++) { /* 16..18: blocks 0..8 of sequence 16, 9.. their own */
+        ctx[s] = 300;
+        memcpy(tables + s * MB, tables + 16 * MB, 9 * 4);
+    }
+    nq[19] = 37, ctx[19] = 37;
+    ctx[20] = 1, ctx[21] = 128, ctx[22] = 129;
+    q_start[0] = 0;
+    for (int s = 0; s < NS; s++)
+        q_start[s + 1] = q_start[s] + nq[s];
+    const int n_tok = q_start[NS];
+    size_t pool = (size_t)nb * bs * nkv * hd, es = eng_dtype_size(kv), qn = (size_t)n_tok * nh * hd;
+    float *ck, *cv;
+    void *hk, *hv;
+    s_kv_fill(kv, pool, &hk, &hv, &ck, &cv);
+    float *q = s_rand(qn, 1.0f), *ref = malloc(qn * 4), *got[3];
+    eng_attn_batch_t b = {NS, q_start, ctx, tables, MB};
+    cpu->attention(cpu, ref, q, ck, cv, &b, nh, nkv, hd, bs);
+    eng_backend_t *bes[3] = {solo, grp, grp};
+    for (int i = 0; i < 3; i++) {
+        eng_backend_t *be = bes[i];
+        got[i] = calloc(qn, 4);
+        void *gk = ecu_t_put(be, hk, pool * es), *gv = ecu_t_put(be, hv, pool * es);
+        float *gq = ecu_t_put(be, q, qn * 4), *go = be->alloc(be, qn * 4);
+        int32_t ids[64] = {0};
+        eng_step_t step = {n_tok, ids, NULL, NULL, &b, 0, NULL};
+        if (i == 2) /* the plan from prepare(), with the block size the last attention had */
+            be->prepare(be, &step);
+        int rc = be->attention(be, go, gq, gk, gv, &b, nh, nkv, hd, bs);
+        ecu_t_get(be, got[i], go, qn * 4);
+        const int n_gt = eng_cuda_attn_group_tiles(be);
+        if (i == 2)
+            be->prepare(be, NULL);
+        snprintf(name, sizeof(name),
+                 "attention groups%s hd=%d heads=%d/%d kv=%s: rc 0, %d group tiles",
+                 i == 0   ? " off"
+                 : i == 1 ? ""
+                          : " (prepare)",
+                 hd, nh, nkv, eng_dtype_name(kv), i == 0 ? 0 : 13);
+        ecu_t_check(rc == 0 && n_gt == (i == 0 ? 0 : 13), name);
+        if (n_gt != (i == 0 ? 0 : 13))
+            fprintf(stderr, "  %d group tiles\n", n_gt);
+        snprintf(name, sizeof(name), "attention groups%s hd=%d heads=%d/%d kv=%s",
+                 i == 0   ? " off"
+                 : i == 1 ? ""
+                          : " (prepare)",
+                 hd, nh, nkv, eng_dtype_name(kv));
+        ecu_t_close(name, got[i], ref, qn, 2e-5);
+        if (i > 0) {
+            snprintf(
+                name, sizeof(name),
+                "attention groups%s hd=%d heads=%d/%d kv=%s: the bits of each sequence's own tiles",
+                i == 1 ? "" : " (prepare)", hd, nh, nkv, eng_dtype_name(kv));
+            ecu_t_check(memcmp(got[i], got[0], qn * 4) == 0, name);
+        }
+        be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go);
+    }
+    for (int i = 0; i < 3; i++)
+        free(got[i]);
+    solo->destroy(&solo);
+    grp->destroy(&grp);
+    free(tables), free(perm), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
+}
+
 /* Decodes over more than 32 splits (4096 positions): the combine's warp takes its splits in
    rounds of 32. Contexts 4096, 4097 and 9000 (32, 33 and 71 splits) against the CPU. */
 static void test_attention_long(void)
@@ -1104,13 +1213,15 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0); /* a log up to the last line even if a kernel faults */
     /* --only decodes: just the 64-decode test (its three decode variants); --only prefill:
        just the longer prefills on the tensor-core kernel (bf16 and fp8 KV, 4 and 8 query heads
-       a KV head); for a run under compute-sanitizer (gpu_session's memcheck_dec /
-       racecheck_dec, memcheck_pf / racecheck_pf) */
+       a KV head); --only groups: just the group tiles (test_attention_groups); for a run under
+       compute-sanitizer (gpu_session's memcheck_dec / racecheck_dec, memcheck_pf /
+       racecheck_pf, memcheck_grp / racecheck_grp) */
     const bool only = argc == 3 && !strcmp(argv[1], "--only");
     const bool only_decodes = only && !strcmp(argv[2], "decodes");
     const bool only_prefill = only && !strcmp(argv[2], "prefill");
-    if (argc > 1 && !only_decodes && !only_prefill) {
-        fprintf(stderr, "usage: %s [--only decodes|prefill]\n", argv[0]);
+    const bool only_groups = only && !strcmp(argv[2], "groups");
+    if (argc > 1 && !only_decodes && !only_prefill && !only_groups) {
+        fprintf(stderr, "usage: %s [--only decodes|prefill|groups]\n", argv[0]);
         return 2;
     }
     anv_log_init("test_cuda_ops");
@@ -1126,10 +1237,13 @@ int main(int argc, char **argv)
         printf("FAIL: cannot create the backends\n");
         return 1;
     }
-    if (only_decodes || only_prefill) {
+    if (only_decodes || only_prefill || only_groups) {
         if (only_decodes) {
             test_attention_decodes(ENG_DTYPE_BF16);
             test_attention_decodes(ENG_DTYPE_F8E4M3);
+        } else if (only_groups) {
+            test_attention_groups(ENG_DTYPE_BF16, 128, 32, 8);
+            test_attention_groups(ENG_DTYPE_F8E4M3, 64, 16, 2);
         } else {
             test_attention_prefill(gpu, 128, 32, 8);
             test_attention_prefill(gpu8, 128, 32, 8);
@@ -1139,8 +1253,9 @@ int main(int argc, char **argv)
         gpu8->destroy(&gpu8);
         gpu->destroy(&gpu);
         cpu->destroy(&cpu);
-        return ecu_t_done(only_decodes ? "test_cuda_ops --only decodes"
-                                       : "test_cuda_ops --only prefill");
+        return ecu_t_done(only_decodes  ? "test_cuda_ops --only decodes"
+                          : only_groups ? "test_cuda_ops --only groups"
+                                        : "test_cuda_ops --only prefill");
     }
     eng_dtype_t dts[3] = {ENG_DTYPE_BF16, ENG_DTYPE_F16, ENG_DTYPE_F32};
     for (int i = 0; i < 3; i++) {
@@ -1164,6 +1279,13 @@ int main(int argc, char **argv)
     test_attention_prefill(gpu, 64, 16, 2);
     test_attention_prefill(gpu8, 64, 28, 4);
     test_attention_long();
+    test_attention_groups(ENG_DTYPE_BF16, 128, 32, 8);
+    test_attention_groups(ENG_DTYPE_F8E4M3, 128, 32, 8);
+    test_attention_groups(ENG_DTYPE_BF16, 128, 64, 8);
+    test_attention_groups(ENG_DTYPE_F8E4M3, 64, 16, 4);
+    test_attention_groups(ENG_DTYPE_BF16, 64, 16, 2);
+    test_attention_groups(ENG_DTYPE_BF16, 64, 28,
+                          4); /* 7 a KV head: FMA, the plan's groups unread */
     /* the FMA decode and prefill kernels (ANVIL_CUDA_ATTN_MMA=0; the backends above run the
        tensor-core ones where they apply): bf16 and fp8 KV, 4 and 8 query heads a KV head,
        head_dim 128 and 64, and 7 a KV head (the FMA decode either way) */

@@ -30,6 +30,12 @@
     ANVIL_CUDA_ATTN_PREFILL_MMA=0; s_attn_prefill_mma_kernel: K and V chunks staged in shared
     memory and read by ldmatrix, q and p as hi + lo pairs), where the FMA kernel issues about
     one shared-memory load an FMA.
+    Decode splits that several sequences hold in the same cache blocks (n samples of a prompt)
+    are found by the plan (s_plan_groups, from the block tables and the block size) and run
+    as group tiles (st->attn_group, off with ANVIL_CUDA_ATTN_GROUP=0;
+    s_attn_group_mma_kernel): one block reads the split's K and V rows once for up to 8
+    sequences, with the same bits per sequence as its own tile; their decode tiles return at
+    once (tile_grp). The combine is unchanged: a group tile writes each member's partial.
     A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
     default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
     256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a token
@@ -48,7 +54,95 @@
 #define ECU_ATTN_KC 32     /* cache positions per shared-memory chunk */
 #define ECU_ATTN_WARPS 4
 
-int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int head_dim,
+#define ECU_ATTN_GMAX 8 /* sequences a group tile at most */
+
+/* The group tiles of a batch's decodes (st->attn_group): a full split (ECU_ATTN_SPLIT
+   positions, all in the context) of a decode sequence joins the group of the first sequence
+   seen with the same cache blocks for that split (a hash on (split, first block), then the
+   whole block range compared), up to ECU_ATTN_GMAX members a group; groups of two or more
+   become group tiles {seq, split, n, first member} (gt) with their members' tokens (gmem), and
+   their members' decode tiles are flagged (tile_grp). dec_tile[s] is sequence s's first decode
+   tile (-1: not a decode). Returns the number of group tiles (at most max_gt), or -ENOMEM. */
+static int s_plan_groups(const eng_attn_batch_t *b,
+                         int bs,
+                         const int32_t *dec_tile,
+                         int32_t *tile_grp,
+                         int32_t *gt,
+                         int32_t *gmem,
+                         int max_gt)
+{
+    typedef struct {
+        int seq, split, n, mem[ECU_ATTN_GMAX]; /* the leader, its split, the members */
+    } grp_t;
+    const int n_seq = b->n_seq, mb = b->max_blocks;
+    long n_full = 0;
+    for (int s = 0; s < n_seq; s++)
+        if (dec_tile[s] >= 0)
+            n_full += b->ctx_len[s] / ECU_ATTN_SPLIT;
+    if (n_full < 2 || max_gt <= 0)
+        return 0;
+    long hn = 4;
+    while (hn < 2 * n_full)
+        hn *= 2;
+    int *hash = (int *)malloc((size_t)hn * sizeof(int)); /* group index + 1, 0: free */
+    grp_t *grp = (grp_t *)malloc((size_t)n_full * sizeof(grp_t));
+    if (!hash || !grp) {
+        free(hash), free(grp);
+        return -ENOMEM;
+    }
+    memset(hash, 0, (size_t)hn * sizeof(int));
+    int n_grp = 0;
+    for (int s = 0; s < n_seq; s++) {
+        if (dec_tile[s] < 0)
+            continue;
+        const int32_t *ts = b->block_tables + (size_t)s * mb;
+        for (int k = 0; k < b->ctx_len[s] / ECU_ATTN_SPLIT; k++) {
+            const int b0 = k * ECU_ATTN_SPLIT / bs,
+                      b1 = (k * ECU_ATTN_SPLIT + ECU_ATTN_SPLIT - 1) / bs;
+            uint64_t h = ((uint64_t)(uint32_t)ts[b0] << 20 ^ (uint64_t)k) * 0x9E3779B97F4A7C15ull;
+            long at = (long)(h >> 40) & (hn - 1);
+            int gi = -1;
+            for (; hash[at]; at = (at + 1) & (hn - 1)) {
+                const grp_t *c = &grp[hash[at] - 1];
+                if (c->split == k && b->block_tables[(size_t)c->seq * mb + b0] == ts[b0]) {
+                    gi = hash[at] - 1;
+                    break;
+                }
+            }
+            if (gi >= 0) {
+                const int32_t *tl = b->block_tables + (size_t)grp[gi].seq * mb;
+                if (memcmp(tl + b0, ts + b0, (size_t)(b1 - b0 + 1) * sizeof(int32_t)) != 0)
+                    continue; /* the same first block, then others: stays alone */
+                if (grp[gi].n < ECU_ATTN_GMAX) {
+                    grp[gi].mem[grp[gi].n++] = s;
+                    continue;
+                }
+            }
+            grp_t *c = &grp[n_grp]; /* a new group; a full one's successor takes its slot */
+            c->seq = s, c->split = k, c->n = 1, c->mem[0] = s;
+            hash[at] = ++n_grp;
+        }
+    }
+    int n_gt = 0, nm = 0;
+    for (int i = 0; i < n_grp && n_gt < max_gt; i++) {
+        const grp_t *c = &grp[i];
+        if (c->n < 2)
+            continue;
+        int32_t *o = gt + 4 * (size_t)n_gt++;
+        o[0] = c->seq, o[1] = c->split, o[2] = c->n, o[3] = nm;
+        for (int m = 0; m < c->n; m++) {
+            const int s = c->mem[m];
+            gmem[nm++] = b->q_start[s];
+            tile_grp[dec_tile[s] + c->split] = 1;
+        }
+    }
+    free(hash), free(grp);
+    return n_gt;
+}
+
+int ecu_attn_plan(ecu_state_t *st,
+                  const eng_attn_batch_t *b,
+                  int block_size,
                   const ecu_attn_plan_t **plan_out)
 {
     if (!b || b->n_seq <= 0 || !b->q_start || !b->ctx_len || !b->block_tables ||
@@ -62,6 +156,7 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
     }
     st->plan_prepared = 0;
     int n_seq = b->n_seq, n_tok = b->q_start[n_seq], n_tiles = 0, n_parts = 0, q_tile = 1;
+    int n_dec = 0;
     const int gs = st->graph_splits; /* > 0: the fixed layout of a graph step */
     if (b->q_start[0] != 0 || n_tok <= 0)
         return -EINVAL;
@@ -72,7 +167,7 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
             if (b->q_start[s] != s || b->ctx_len[s] < 1 ||
                 (b->ctx_len[s] + ECU_ATTN_SPLIT - 1) / ECU_ATTN_SPLIT > gs)
                 return -EINVAL;
-        n_tiles = n_parts = n_seq * gs;
+        n_tiles = n_parts = n_dec = n_seq * gs;
     }
     for (int s = 0; s < n_seq && gs == 0; s++) {
         int nq = b->q_start[s + 1] - b->q_start[s];
@@ -82,23 +177,31 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
             int ns = (b->ctx_len[s] + ECU_ATTN_SPLIT - 1) / ECU_ATTN_SPLIT;
             n_tiles += ns;
             n_parts += ns;
+            n_dec += ns;
         } else if (nq > 1) {
             n_tiles += (nq + ECU_ATTN_QT - 1) / ECU_ATTN_QT;
             n_parts += nq;
             q_tile = nq < ECU_ATTN_QT ? (nq > q_tile ? nq : q_tile) : ECU_ATTN_QT;
         }
     }
-    size_t words = (size_t)4 * n_tiles + 2 * (size_t)n_tok + (n_seq + 1) + n_seq +
-                   (size_t)n_seq * b->max_blocks;
+    const int max_gt = st->attn_group && block_size > 0 ? n_dec / 2 : 0;
+    size_t words = (size_t)4 * n_tiles + (size_t)4 * max_gt + 2 * (size_t)n_tok + (n_seq + 1) +
+                   n_seq + (size_t)n_seq * b->max_blocks + 2 * (size_t)n_dec + 1;
     int32_t *h = (int32_t *)malloc(words * sizeof(int32_t));
-    if (!h)
+    int32_t *dec_tile = (int32_t *)malloc((size_t)n_seq * sizeof(int32_t));
+    if (!h || !dec_tile) {
+        free(h), free(dec_tile);
         return -ENOMEM;
-    int32_t *tiles = h, *tok_part = h + 4 * (size_t)n_tiles, *tok_nsplit = tok_part + n_tok;
-    int32_t *qs = tok_nsplit + n_tok, *ctx = qs + n_seq + 1, *tables = ctx + n_seq;
+    }
+    int32_t *tiles = h, *gt = h + 4 * (size_t)n_tiles, *tok_part = gt + 4 * (size_t)max_gt;
+    int32_t *tok_nsplit = tok_part + n_tok, *qs = tok_nsplit + n_tok, *ctx = qs + n_seq + 1;
+    int32_t *tables = ctx + n_seq, *tile_grp = tables + (size_t)n_seq * b->max_blocks;
+    int32_t *gmem = tile_grp + n_dec, *gcount = gmem + n_dec;
     int ti = 0, part = 0;
     /* graph layout: gs tiles per sequence, those past its context empty (n_q 0) */
     for (int s = 0; s < n_seq && gs > 0; s++) {
         int ns = (b->ctx_len[s] + ECU_ATTN_SPLIT - 1) / ECU_ATTN_SPLIT;
+        dec_tile[s] = ti;
         for (int k = 0; k < gs; k++, ti++) {
             tiles[4 * ti] = s, tiles[4 * ti + 1] = s, tiles[4 * ti + 2] = k < ns ? 1 : 0;
             tiles[4 * ti + 3] = k;
@@ -108,6 +211,7 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
     /* decode tiles first (their own launch), then prefill tiles */
     for (int s = 0; s < n_seq && gs == 0; s++) {
         int q0 = b->q_start[s], nq = b->q_start[s + 1] - q0;
+        dec_tile[s] = nq == 1 ? ti : -1;
         if (nq == 1) {
             int ns = (b->ctx_len[s] + ECU_ATTN_SPLIT - 1) / ECU_ATTN_SPLIT;
             for (int k = 0; k < ns; k++, ti++) {
@@ -118,7 +222,6 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
             part += ns;
         }
     }
-    int n_dec = ti;
     for (int s = 0; s < n_seq && gs == 0; s++) {
         int q0 = b->q_start[s], nq = b->q_start[s + 1] - q0;
         if (nq > 1) {
@@ -134,6 +237,14 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
     memcpy(qs, b->q_start, (size_t)(n_seq + 1) * 4);
     memcpy(ctx, b->ctx_len, (size_t)n_seq * 4);
     memcpy(tables, b->block_tables, (size_t)n_seq * b->max_blocks * 4);
+    memset(tile_grp, 0, (size_t)n_dec * 4);
+    int n_gt = max_gt > 0 ? s_plan_groups(b, block_size, dec_tile, tile_grp, gt, gmem, max_gt) : 0;
+    free(dec_tile);
+    if (n_gt < 0) {
+        free(h);
+        return n_gt;
+    }
+    *gcount = n_gt;
     int rc = ecu_buf_reserve(&st->plan_dev, words * sizeof(int32_t));
     if (rc == 0 && cudaMemcpyAsync(st->plan_dev.ptr, h, words * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, st->stream) != cudaSuccess) {
@@ -147,12 +258,18 @@ int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *b, int n_head, int he
     ecu_attn_plan_t *p = &st->plan;
     p->n_tiles = n_tiles, p->n_dec_tiles = n_dec, p->n_tok = n_tok, p->n_parts = n_parts, p->n_seq = n_seq;
     p->max_blocks = b->max_blocks, p->q_tile = q_tile;
+    p->n_gt = n_gt, p->max_gt = max_gt, p->group_bs = max_gt > 0 ? block_size : 0;
+    st->group_plans += n_gt > 0, st->group_tiles += n_gt;
     p->tiles = (int4 *)d;
-    p->tok_part = d + 4 * (size_t)n_tiles;
+    p->gtiles = (int4 *)(d + 4 * (size_t)n_tiles);
+    p->tok_part = d + 4 * (size_t)n_tiles + 4 * (size_t)max_gt;
     p->tok_nsplit = p->tok_part + n_tok;
     p->seq_qstart = p->tok_nsplit + n_tok;
     p->seq_ctx = p->seq_qstart + n_seq + 1;
     p->block_tables = p->seq_ctx + n_seq;
+    p->tile_grp = p->block_tables + (size_t)n_seq * b->max_blocks;
+    p->gmembers = p->tile_grp + n_dec;
+    p->gcount = p->gmembers + n_dec;
     *plan_out = p;
     return 0;
 }
@@ -464,11 +581,18 @@ static __device__ __forceinline__ void s_dec_block(int n_kv_head, int *tile, int
 template <int HD, int G, typename T>
 static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     s_attn_decode_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
-                         const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) T */,
+                         const T *k_cache,
+                         const T *v_cache /* (n_blocks, bs, n_kv, HD) T */,
                          const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
-                         const int *tok_part /* (n_tok) */, const int *seq_ctx /* (n_seq) */,
-                         const int *block_tables /* (n_seq, mb) */, int max_blocks,
-                         int block_size, int n_head, int n_kv_head, float scale,
+                         const int * /* tile_grp: not read, this kernel computes every tile */,
+                         const int *tok_part /* (n_tok) */,
+                         const int *seq_ctx /* (n_seq) */,
+                         const int *block_tables /* (n_seq, mb) */,
+                         int max_blocks,
+                         int block_size,
+                         int n_head,
+                         int n_kv_head,
+                         float scale,
                          float *part_o /* (n_parts, n_head, HD) f32 */,
                          float2 *part_ml /* (n_parts, n_head) {max, sum} */)
 {
@@ -682,137 +806,112 @@ static __device__ __forceinline__ void s_vpairs(const unsigned (&r0)[VW],
     }
 }
 
-/* VL (st->attn_vlate, the default; ANVIL_CUDA_ATTN_VLATE=0 for the A/B): V rows are loaded
-   after q.k (their round trip overlapping the softmax) instead of with K, so K's and V's
-   registers are not live at once (bf16 at head_dim 128 held 164 registers, 3 blocks an SM);
-   two round trips a warp, at 4 blocks an SM. The same values reach the same arithmetic. On the
-   H200 (bench_ab, graphs): batch 256 x 2k bf16 KV 8243 -> 8463 tok/s, fp8 10574 -> 11104.
-   A persistent grid of this kernel (a block fetching its next (tile, KV head)'s plan and rows
-   while it merged the current one; 3 / 4 blocks an SM) ran at x0.93 to x0.97 on the H200 and
-   was removed (2026-12-05). */
-template <int HD, int G, typename T, bool VL = false>
-static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
-    s_attn_decode_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
-                             const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
-                             const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
-                             const int *tok_part /* (n_tok) */,
-                             const int *seq_ctx /* (n_seq) */,
-                             const int *block_tables /* (n_seq, mb) */, int max_blocks,
-                             int block_size, int n_head, int n_kv_head, float scale,
-                             float *part_o /* (n_parts, n_head, HD) f32 */,
-                             float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+/* A tensor-core decode warp's shapes and steps (s_attn_decode_mma_kernel and the group
+   kernel below compute a query row with the same instructions in the same order) */
+template <int HD, typename T> struct s_dm {
+    static constexpr int KS = HD / 16;                 /* k-steps of q.k */
+    static constexpr int DQ = HD / 4;                  /* dims of a K row a lane loads */
+    static constexpr int KW = DQ * (int)sizeof(T) / 4; /* ... in 32-bit words */
+    static constexpr int DV = HD / 8;                  /* dims of a V row a lane loads */
+    static constexpr int VW = DV * (int)sizeof(T) / 4; /* ... in 32-bit words */
+    static constexpr int MT = HD / 16;    /* m-tiles of p.v (dims g DV + i, + MT + i) */
+    static constexpr int WS = DV * 8 + 8; /* wo words of a lane group: padded so the
+                                             8 groups start 8 banks apart */
+};
+
+/* K rows of the warp's keys 8 t + g (the lane's quarter tig); pos is the cache position of the
+   lane's own key (warp key `lane`), rows from nvalid on are zeros (no NaN reaches the mma) */
+template <int HD, typename T>
+static __device__ __forceinline__ void s_dm_load_k(unsigned (&kw)[4][s_dm<HD, T>::KW],
+                                                   const T *k_cache,
+                                                   int kvh,
+                                                   size_t kv_row,
+                                                   int pos,
+                                                   int nvalid)
 {
-    static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
-    static_assert(sizeof(T) <= 2, "the mma decode takes bf16 or fp8 KV");
-    constexpr bool F8 = sizeof(T) == 1;
-    constexpr int KS = HD / 16;                    /* k-steps of q.k */
-    constexpr int DQ = HD / 4;                     /* dims of a K row a lane loads */
-    constexpr int KW = DQ * (int)sizeof(T) / 4;    /* ... in 32-bit words */
-    constexpr int DV = HD / 8;                     /* dims of a V row a lane loads */
-    constexpr int VW = DV * (int)sizeof(T) / 4;    /* ... in 32-bit words */
-    constexpr int MT = HD / 16;                    /* m-tiles of p.v (dims g DV + i, + MT + i) */
-    constexpr int WS = DV * 8 + 8;                 /* wo words of a lane group: padded so the
-                                                      8 groups start 8 banks apart */
-    __shared__ uint4 qf[KS][32];                   /* q.k A fragments, in lane order */
-    __shared__ float wm[ECU_ATTN_WARPS][G], wl[ECU_ATTN_WARPS][G];
-    __shared__ __align__(16) float wo[ECU_ATTN_WARPS][8 * WS]; /* (dim, 8 columns) */
-    const unsigned full = 0xffffffffu;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-    const size_t kv_row = (size_t)n_kv_head * HD;
-    ecu_pdl_trigger();
-
-    /* An item's tile and the lane's cache position (key wbase + lane, 0 past the context),
-       from the plan alone: false for an empty tile of a graph step's layout (block-uniform) */
-    auto resolve = [&](int ti, int h, s_dec_item_t &it) -> bool {
-        const int4 tl = tiles[ti];
-        if (tl.z == 0)
-            return false;
-        const int key_begin = tl.w * ECU_ATTN_SPLIT;
-        const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[tl.x]);
-        const int wbase = key_begin + warp * 32, key = wbase + lane;
-        const int *table = block_tables + (size_t)tl.x * max_blocks;
-        it.kvh = h, it.tok = tl.y, it.split = tl.w;
-        it.nvalid = max(0, min(32, key_end - wbase));
-        it.pos = lane < it.nvalid ? table[key / block_size] * block_size + key % block_size : 0;
-        return true;
-    };
-    /* K rows of keys 8 t + g (the lane's quarter tig), V rows of keys 16 s + 8 h + 2 tig + c
-       (the lane's eighth g); rows past the context are zeros (no NaN reaches the mma) */
-    unsigned kw[4][KW], vw[2][2][2][VW];
-    auto load_k = [&](const s_dec_item_t &it) {
-        const T *kb = k_cache + (size_t)it.kvh * HD + tig * DQ;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    const T *kb = k_cache + (size_t)kvh * HD + tig * s_dm<HD, T>::DQ;
 #pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const int kk = 8 * t + g, p = __shfl_sync(full, it.pos, kk);
-            s_ldw<KW>(kw[t], kb + (size_t)p * kv_row, kk < it.nvalid);
-        }
-    };
-    auto load_v = [&](const s_dec_item_t &it) {
-        const T *vb = v_cache + (size_t)it.kvh * HD + g * DV;
-#pragma unroll
-        for (int s = 0; s < 2; s++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int kk = 16 * s + 8 * h + 2 * tig + c, p = __shfl_sync(full, it.pos, kk);
-                    s_ldw<VW>(vw[s][h][c], vb + (size_t)p * kv_row, kk < it.nvalid);
-                }
-    };
-
-    /* the plan is read before the PDL wait, see the FMA kernel */
-    s_dec_item_t cur;
-    int ti, h;
-    s_dec_block(n_kv_head, &ti, &h);
-    if (!resolve(ti, h, cur))
-        return;
-    ecu_pdl_wait();
-    load_k(cur);
-    if constexpr (!VL)
-        load_v(cur);
-    /* q's A fragments: {hi, lo} of dims (4 s, 4 s + 1) then of (4 s + 2, 4 s + 3) of the
-       quarter tig, heads g < G (rows past G are zeros) */
-    for (int idx = threadIdx.x; idx < KS * 32; idx += blockDim.x) {
-        const int s = idx >> 5, ln = idx & 31, gg = ln >> 2, tt = ln & 3;
-        uint4 f = make_uint4(0, 0, 0, 0);
-        if (gg < G) {
-            const float4 x = *(const float4 *)(q + ((size_t)cur.tok * n_head +
-                                                    cur.kvh * G + gg) * HD + tt * DQ + 4 * s);
-            s_hilo<T>(x.x * scale, x.y * scale, f.x, f.y);
-            s_hilo<T>(x.z * scale, x.w * scale, f.z, f.w);
-        }
-        qf[s][ln] = f;
+    for (int t = 0; t < 4; t++) {
+        const int kk = 8 * t + g, p = __shfl_sync(0xffffffffu, pos, kk);
+        s_ldw<s_dm<HD, T>::KW>(kw[t], kb + (size_t)p * kv_row, kk < nvalid);
     }
-    __syncthreads();
+}
 
-    /* q.k: four n-tiles of 8 keys */
-    float sacc[4][4];
+/* V rows of the warp's keys 16 s + 8 h + 2 tig + c (the lane's eighth g) */
+template <int HD, typename T>
+static __device__ __forceinline__ void s_dm_load_v(unsigned (&vw)[2][2][2][s_dm<HD, T>::VW],
+                                                   const T *v_cache,
+                                                   int kvh,
+                                                   size_t kv_row,
+                                                   int pos,
+                                                   int nvalid)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    const T *vb = v_cache + (size_t)kvh * HD + g * s_dm<HD, T>::DV;
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int kk = 16 * s + 8 * h + 2 * tig + c;
+                const int p = __shfl_sync(0xffffffffu, pos, kk);
+                s_ldw<s_dm<HD, T>::VW>(vw[s][h][c], vb + (size_t)p * kv_row, kk < nvalid);
+            }
+}
+
+/* q.k's A fragment of k-step s for lane quarter tt of query row x (NULL: a zero row): {hi, lo}
+   of dims (4 s, 4 s + 1) then of (4 s + 2, 4 s + 3) of the quarter */
+template <int HD, typename T>
+static __device__ __forceinline__ uint4 s_dm_qfrag(const float *x, int s, int tt, float scale)
+{
+    uint4 f = make_uint4(0, 0, 0, 0);
+    if (x) {
+        const float4 v = *(const float4 *)(x + tt * s_dm<HD, T>::DQ + 4 * s);
+        s_hilo<T>(v.x * scale, v.y * scale, f.x, f.y);
+        s_hilo<T>(v.z * scale, v.w * scale, f.z, f.w);
+    }
+    return f;
+}
+
+/* q.k: four n-tiles of 8 keys against the fragments qf[KS][32] */
+template <int HD, typename T>
+static __device__ __forceinline__ void
+s_dm_qk(float (&sacc)[4][4], const uint4 (*qf)[32], const unsigned (&kw)[4][s_dm<HD, T>::KW])
+{
+    const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int t = 0; t < 4; t++)
         sacc[t][0] = sacc[t][1] = sacc[t][2] = sacc[t][3] = 0.0f;
 #pragma unroll
-    for (int s = 0; s < KS; s++) {
+    for (int s = 0; s < s_dm<HD, T>::KS; s++) {
         const uint4 a = qf[s][lane];
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             unsigned b0, b1;
-            if constexpr (F8)
+            if constexpr (sizeof(T) == 1)
                 b0 = s_e4m3x2_h2(kw[t][s]), b1 = s_e4m3x2_h2(kw[t][s] >> 16);
             else
                 b0 = kw[t][2 * s], b1 = kw[t][2 * s + 1];
             ecu_mma16816<T>(sacc[t], a.x, a.y, a.z, a.w, b0, b1);
         }
     }
-    if constexpr (VL) /* K is used up: V's round trip overlaps the softmax */
-        load_v(cur);
-    /* softmax of query g over the warp's 32 keys: the lane holds keys 8 t + 2 tig + c,
-       the other three of its group the rest */
-    float pr[4][2], mx = -INFINITY, l = 0.0f;
+}
+
+/* softmax of query row g over the warp's keys below nvalid: the lane holds keys 8 t + 2 tig +
+   c, the other three of its group the rest; mx and l are the row's max and sum */
+static __device__ __forceinline__ void
+s_dm_softmax(const float (&sacc)[4][4], int nvalid, float (&pr)[4][2], float &mx, float &l)
+{
+    const unsigned full = 0xffffffffu;
+    const int tig = threadIdx.x & 3;
+    mx = -INFINITY, l = 0.0f;
 #pragma unroll
     for (int t = 0; t < 4; t++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
-            const bool ok = 8 * t + 2 * tig + c < cur.nvalid;
+            const bool ok = 8 * t + 2 * tig + c < nvalid;
             pr[t][c] = ok ? sacc[t][c] + sacc[t][2 + c] : -INFINITY;
             mx = fmaxf(mx, pr[t][c]);
         }
@@ -827,25 +926,22 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
         }
     l += __shfl_xor_sync(full, l, 1);
     l += __shfl_xor_sync(full, l, 2);
-    /* B of p.v, k-step s: rows 2 tig + c from n-tile 2 s, rows 8 + 2 tig + c from 2 s + 1 */
-    unsigned ph[2][2], pl[2][2];
-#pragma unroll
-    for (int s = 0; s < 2; s++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            s_hilo<T>(pr[2 * s + h][0], pr[2 * s + h][1], ph[s][h], pl[s][h]);
-            if constexpr (G <= 4) { /* columns 4..7: p_lo of query g - 4, from lane ^ 16 */
-                const unsigned o = __shfl_xor_sync(full, pl[s][h], 16);
-                ph[s][h] = g < 4 ? ph[s][h] : o;
-            }
-        }
+}
 
-    /* p.v: m-tile i holds dims g DV + i (rows g) and g DV + MT + i (rows g + 8) */
-    float oacc[MT][4], oacc2[G > 4 ? MT : 1][4];
+/* p.v, O^T = V^T P^T: m-tile i holds dims g DV + i (rows g) and g DV + MT + i (rows g + 8);
+   B = ph (and, with LO, pl into oacc2) */
+template <int HD, typename T, bool LO>
+static __device__ __forceinline__ void s_dm_pv(float (&oacc)[s_dm<HD, T>::MT][4],
+                                               float (&oacc2)[LO ? s_dm<HD, T>::MT : 1][4],
+                                               const unsigned (&vw)[2][2][2][s_dm<HD, T>::VW],
+                                               const unsigned (&ph)[2][2],
+                                               const unsigned (&pl)[2][2])
+{
+    constexpr int DV = s_dm<HD, T>::DV, MT = s_dm<HD, T>::MT, VW = s_dm<HD, T>::VW;
 #pragma unroll
     for (int i = 0; i < MT; i++) {
         oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-        if constexpr (G > 4)
+        if constexpr (LO)
             oacc2[i][0] = oacc2[i][1] = oacc2[i][2] = oacc2[i][3] = 0.0f;
     }
 #pragma unroll
@@ -856,25 +952,132 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             ecu_mma16816<T>(oacc[i], a0[i], a0[MT + i], a1[i], a1[MT + i], ph[s][0], ph[s][1]);
-            if constexpr (G > 4)
+            if constexpr (LO)
                 ecu_mma16816<T>(oacc2[i], a0[i], a0[MT + i], a1[i], a1[MT + i], pl[s][0], pl[s][1]);
         }
     }
-    /* the warp's (dim, column) results into shared memory; columns: query n (G = 8: hi +
-       lo summed here), or for G <= 4 hi of query n < 4 and lo of query n - 4 */
-    float *wow = wo[warp] + g * WS + 2 * tig;
+}
+
+/* The warp's (dim, column) results into its shared rows wo (8 WS words), with LO hi + lo summed */
+template <int HD, typename T, bool LO>
+static __device__ __forceinline__ void s_dm_wo(float *wo,
+                                               const float (&oacc)[s_dm<HD, T>::MT][4],
+                                               const float (&oacc2)[LO ? s_dm<HD, T>::MT : 1][4])
+{
+    constexpr int MT = s_dm<HD, T>::MT;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    float *wow = wo + g * s_dm<HD, T>::WS + 2 * tig;
 #pragma unroll
     for (int i = 0; i < MT; i++) {
         float2 r0 = make_float2(oacc[i][0], oacc[i][1]);
         float2 r8 = make_float2(oacc[i][2], oacc[i][3]);
-        if constexpr (G > 4) {
+        if constexpr (LO) {
             r0.x += oacc2[i][0], r0.y += oacc2[i][1];
             r8.x += oacc2[i][2], r8.y += oacc2[i][3];
         }
         *(float2 *)(wow + i * 8) = r0;        /* dim g DV + i */
         *(float2 *)(wow + (MT + i) * 8) = r8; /* dim g DV + MT + i */
     }
-    if (tig == 0 && g < G)
+}
+
+/* VL (st->attn_vlate, the default; ANVIL_CUDA_ATTN_VLATE=0 for the A/B): V rows are loaded
+   after q.k (their round trip overlapping the softmax) instead of with K, so K's and V's
+   registers are not live at once (bf16 at head_dim 128 held 164 registers, 3 blocks an SM);
+   two round trips a warp, at 4 blocks an SM. The same values reach the same arithmetic. On the
+   H200 (bench_ab, graphs): batch 256 x 2k bf16 KV 8243 -> 8463 tok/s, fp8 10574 -> 11104.
+   A persistent grid of this kernel (a block fetching its next (tile, KV head)'s plan and rows
+   while it merged the current one; 3 / 4 blocks an SM) ran at x0.93 to x0.97 on the H200 and
+   was removed (2026-12-05). */
+template <int HD, int G, typename T, bool VL = false>
+static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
+    s_attn_decode_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
+                             const T *k_cache,
+                             const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
+                             const int4 *tiles /* (n_dec_tiles) {seq, tok, 1, split} */,
+                             const int *tile_grp /* (n_dec_tiles) 1: a group tile's, or NULL */,
+                             const int *tok_part /* (n_tok) */,
+                             const int *seq_ctx /* (n_seq) */,
+                             const int *block_tables /* (n_seq, mb) */,
+                             int max_blocks,
+                             int block_size,
+                             int n_head,
+                             int n_kv_head,
+                             float scale,
+                             float *part_o /* (n_parts, n_head, HD) f32 */,
+                             float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+{
+    static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
+    static_assert(sizeof(T) <= 2, "the mma decode takes bf16 or fp8 KV");
+    using D = s_dm<HD, T>;
+    constexpr int KS = D::KS, DV = D::DV, MT = D::MT, WS = D::WS;
+    __shared__ uint4 qf[KS][32]; /* q.k A fragments, in lane order */
+    __shared__ float wm[ECU_ATTN_WARPS][G], wl[ECU_ATTN_WARPS][G];
+    __shared__ __align__(16) float wo[ECU_ATTN_WARPS][8 * WS]; /* (dim, 8 columns) */
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+    const size_t kv_row = (size_t)n_kv_head * HD;
+    ecu_pdl_trigger();
+
+    /* An item's tile and the lane's cache position (key wbase + lane, 0 past the context),
+       from the plan alone: false for an empty tile of a graph step's layout or one a group
+       tile computes (block-uniform) */
+    auto resolve = [&](int ti, int h, s_dec_item_t &it) -> bool {
+        const int4 tl = tiles[ti];
+        if (tl.z == 0 || (tile_grp && tile_grp[ti]))
+            return false;
+        const int key_begin = tl.w * ECU_ATTN_SPLIT;
+        const int key_end = min(key_begin + ECU_ATTN_SPLIT, seq_ctx[tl.x]);
+        const int wbase = key_begin + warp * 32, key = wbase + lane;
+        const int *table = block_tables + (size_t)tl.x * max_blocks;
+        it.kvh = h, it.tok = tl.y, it.split = tl.w;
+        it.nvalid = max(0, min(32, key_end - wbase));
+        it.pos = lane < it.nvalid ? table[key / block_size] * block_size + key % block_size : 0;
+        return true;
+    };
+    unsigned kw[4][D::KW], vw[2][2][2][D::VW];
+
+    /* the plan is read before the PDL wait, see the FMA kernel */
+    s_dec_item_t cur;
+    int ti, h;
+    s_dec_block(n_kv_head, &ti, &h);
+    if (!resolve(ti, h, cur))
+        return;
+    ecu_pdl_wait();
+    s_dm_load_k<HD, T>(kw, k_cache, cur.kvh, kv_row, cur.pos, cur.nvalid);
+    if constexpr (!VL)
+        s_dm_load_v<HD, T>(vw, v_cache, cur.kvh, kv_row, cur.pos, cur.nvalid);
+    /* q's A fragments, heads g < G (rows past G are zeros) */
+    for (int idx = threadIdx.x; idx < KS * 32; idx += blockDim.x) {
+        const int s = idx >> 5, ln = idx & 31, gg = ln >> 2;
+        const float *x = q + ((size_t)cur.tok * n_head + cur.kvh * G + gg) * HD;
+        qf[s][ln] = s_dm_qfrag<HD, T>(gg < G ? x : nullptr, s, ln & 3, scale);
+    }
+    __syncthreads();
+
+    float sacc[4][4];
+    s_dm_qk<HD, T>(sacc, qf, kw);
+    if constexpr (VL) /* K is used up: V's round trip overlaps the softmax */
+        s_dm_load_v<HD, T>(vw, v_cache, cur.kvh, kv_row, cur.pos, cur.nvalid);
+    float pr[4][2], mx, l;
+    s_dm_softmax(sacc, cur.nvalid, pr, mx, l);
+    /* B of p.v, k-step s: rows 2 tig + c from n-tile 2 s, rows 8 + 2 tig + c from 2 s + 1 */
+    unsigned ph[2][2], pl[2][2];
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            s_hilo<T>(pr[2 * s + hh][0], pr[2 * s + hh][1], ph[s][hh], pl[s][hh]);
+            if constexpr (G <= 4) { /* columns 4..7: p_lo of query g - 4, from lane ^ 16 */
+                const unsigned o = __shfl_xor_sync(full, pl[s][hh], 16);
+                ph[s][hh] = g < 4 ? ph[s][hh] : o;
+            }
+        }
+    float oacc[MT][4], oacc2[G > 4 ? MT : 1][4];
+    s_dm_pv<HD, T, (G > 4)>(oacc, oacc2, vw, ph, pl);
+    /* columns: query n (G = 8: hi + lo summed here), or for G <= 4 hi of query n < 4 and lo of
+       query n - 4 */
+    s_dm_wo<HD, T, (G > 4)>(wo[warp], oacc, oacc2);
+    if ((lane & 3) == 0 && g < G)
         wm[warp][g] = cur.nvalid > 0 ? mx : -INFINITY, wl[warp][g] = l;
     __syncthreads();
     const size_t pi0 = (size_t)(tok_part[cur.tok] + cur.split) * n_head + cur.kvh * G;
@@ -883,6 +1086,161 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
         s_warps_merge<G>(wm, wl, qg, [&](int w) {
             return G <= 4 ? wo[w][at2] + wo[w][at2 + 4] : wo[w][at2];
         }, part_o, part_ml, pi0 + qg, HD, d);
+    }
+}
+
+/* Group tiles (st->attn_group, the default; ANVIL_CUDA_ATTN_GROUP=0 for the A/B): a split
+   that several decode sequences hold in the same cache blocks (the prompt a group of n
+   samples shares) is computed by one block for all of them, so its K and V rows are read once
+   instead of once a sequence. Before, a GRPO step's decodes read their prompt's rows n times:
+   on the H100 (ncu, 16 prompts x 8 samples at a 1k prompt, a layer) L2 kept DRAM at 73 of 549
+   MB, but the kernel still moved 631 MB out of L2 and took 156 us, against 200 for as many
+   unshared sequences. The block loads its warps' K rows (as the decode kernel), then for
+   each m-tile of 8 query rows (two members' 4 heads, or one member's 8) runs q.k and the
+   softmax, the p fragments to shared memory; then V, and for each m-tile p.v and the warps'
+   merge into the members' partials (each (row, warp) weight computed once, a warp's outputs 4
+   dims of the 8 rows: 58 -> 45 us a layer against s_warps_merge a element). Every row is
+   computed with the decode kernel's instructions in its order (rows of an mma are
+   independent; G = 4's hi and lo columns become the G = 8 layout's two accumulators, summed
+   the same way; the merge sums the same products in the same order), so a sequence gets the
+   same bits in a group tile as in its own (test_cuda_ops and generate_groups.sh hold the two
+   to that): grouping never changes a result. Only full splits are grouped (the last, partial
+   split of a sequence is its own). A persistent grid: blocks take (group tile, KV head) items
+   in turn, the count read from the plan (a graph step's grid does not depend on it).
+   On the H100 (the same ncu run): 17.5 us (the decode kernel, the sequences' own splits) +
+   45 us (this kernel) against 156 us a layer; the GRPO workload (64 prompts x 8 samples,
+   graphs) 10370 -> 12262 / 12193 tok/s with the same tokens. Measured and left: V loaded with
+   K (162 registers; GRPO x0.99, ncu 84 -> 87 us at a larger step), 4 blocks an SM (128
+   registers; ncu 63.7 -> 58.3 us, GRPO 12127 / 12277 -> 12212 / 12210: level). */
+template <int HD, int G> static constexpr size_t s_gm_smem()
+{
+    return (size_t)G * (HD / 16) * 32 * 16 + (size_t)G * ECU_ATTN_WARPS * 8 * 32 * 4 +
+           (size_t)ECU_ATTN_WARPS * 8 * (HD / 8 * 8 + 8) * 4;
+}
+
+template <int HD, int G, typename T>
+static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
+    s_attn_group_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
+                            const T *k_cache,
+                            const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
+                            const int4 *gtiles /* (n_gt) {seq, split, n, first member} */,
+                            const int *gcount /* (1) n_gt */,
+                            const int *gmembers /* the members' tokens */,
+                            const int *tok_part /* (n_tok) */,
+                            const int *block_tables /* (n_seq, mb) */,
+                            int max_blocks,
+                            int block_size,
+                            int n_head,
+                            int n_kv_head,
+                            float scale,
+                            float *part_o /* (n_parts, n_head, HD) f32 */,
+                            float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+{
+    static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
+    using D = s_dm<HD, T>;
+    constexpr int KS = D::KS, DV = D::DV, MT = D::MT, WS = D::WS;
+    constexpr int MQ = 8 / G, NP = ECU_ATTN_GMAX / MQ; /* members an m-tile; m-tiles */
+    extern __shared__ __align__(16) unsigned char gm_smem[];
+    uint4(*qf)[KS][32] = (uint4(*)[KS][32])gm_smem; /* [NP] */
+    unsigned(*pf)[ECU_ATTN_WARPS][8][32] = (unsigned(*)[ECU_ATTN_WARPS][8][32])(qf + NP);
+    float(*wo)[8 * WS] = (float(*)[8 * WS])(pf + NP); /* [warps] */
+    __shared__ float wm[NP][ECU_ATTN_WARPS][8], wl[NP][ECU_ATTN_WARPS][8];
+    __shared__ float fw[NP][8][ECU_ATTN_WARPS]; /* the merge's weights */
+    __shared__ long long rpi[NP][8];            /* the rows' partials (-1: no member) */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+    const size_t kv_row = (size_t)n_kv_head * HD;
+    ecu_pdl_trigger();
+    const int n_items = *gcount * n_kv_head; /* the plan: uploaded before the step */
+    ecu_pdl_wait(); /* every block waits: this kernel's end implies the one before's */
+    for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const int4 gt = gtiles[item / n_kv_head];
+        const int kvh = item % n_kv_head, nm = gt.z, np = (nm + MQ - 1) / MQ;
+        const int key = gt.y * ECU_ATTN_SPLIT + warp * 32 + lane; /* a full split */
+        const int *table = block_tables + (size_t)gt.x * max_blocks;
+        const int pos = table[key / block_size] * block_size + key % block_size;
+        unsigned kw[4][D::KW];
+        s_dm_load_k<HD, T>(kw, k_cache, kvh, kv_row, pos, 32);
+        __syncthreads(); /* the item before is done with shared memory */
+        /* m-tile j, row gg: member j MQ + gg / G, head gg % G (rows of absent members zero) */
+        for (int idx = threadIdx.x; idx < np * KS * 32; idx += blockDim.x) {
+            const int j = idx / (KS * 32), s = (idx >> 5) % KS, ln = idx & 31, gg = ln >> 2;
+            const int m = j * MQ + gg / G;
+            const float *x = m < nm
+                                 ? q + ((size_t)gmembers[gt.w + m] * n_head + kvh * G + gg % G) * HD
+                                 : nullptr;
+            qf[j][s][ln] = s_dm_qfrag<HD, T>(x, s, ln & 3, scale);
+        }
+        __syncthreads();
+        for (int j = 0; j < np; j++) {
+            float sacc[4][4], pr[4][2], mx, l;
+            s_dm_qk<HD, T>(sacc, qf[j], kw);
+            s_dm_softmax(sacc, 32, pr, mx, l);
+#pragma unroll
+            for (int s = 0; s < 2; s++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    unsigned hi, lo;
+                    s_hilo<T>(pr[2 * s + hh][0], pr[2 * s + hh][1], hi, lo);
+                    pf[j][warp][2 * s + hh][lane] = hi, pf[j][warp][4 + 2 * s + hh][lane] = lo;
+                }
+            if ((lane & 3) == 0)
+                wm[j][warp][g] = mx, wl[j][warp][g] = l;
+        }
+        unsigned vw[2][2][2][D::VW];
+        s_dm_load_v<HD, T>(vw, v_cache, kvh, kv_row, pos, 32);
+        /* s_warps_merge's weights, once a (row, warp): exp(max_w - max) as it computes them
+           (so the same bits), the row's {max, sum}, and where its partial goes */
+        __syncthreads(); /* every warp's (max, sum) of every m-tile */
+        if (threadIdx.x < np * 8) {
+            const int j = threadIdx.x >> 3, qg = threadIdx.x & 7, m = j * MQ + qg / G;
+            float mx = -INFINITY, sum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ECU_ATTN_WARPS; w++)
+                mx = fmaxf(mx, wm[j][w][qg]);
+#pragma unroll
+            for (int w = 0; w < ECU_ATTN_WARPS; w++) {
+                const float f = wm[j][w][qg] == -INFINITY ? 0.0f : __expf(wm[j][w][qg] - mx);
+                fw[j][qg][w] = f;
+                if (wm[j][w][qg] != -INFINITY)
+                    sum += wl[j][w][qg] * f;
+            }
+            const long long pi =
+                m < nm
+                    ? (long long)(tok_part[gmembers[gt.w + m]] + gt.y) * n_head + kvh * G + qg % G
+                    : -1;
+            rpi[j][qg] = pi;
+            if (pi >= 0)
+                part_ml[pi] = make_float2(mx, sum);
+        }
+        for (int j = 0; j < np; j++) {
+            unsigned ph[2][2], pl[2][2];
+#pragma unroll
+            for (int s = 0; s < 2; s++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    ph[s][hh] = pf[j][warp][2 * s + hh][lane],
+                    pl[s][hh] = pf[j][warp][4 + 2 * s + hh][lane];
+            float oacc[MT][4], oacc2[MT][4];
+            s_dm_pv<HD, T, true>(oacc, oacc2, vw, ph, pl);
+            __syncthreads(); /* the weights are in; m-tile j - 1's merge is done with wo */
+            s_dm_wo<HD, T, true>(wo[warp], oacc, oacc2);
+            __syncthreads();
+            /* a warp's 32 outputs: 4 dims of the 8 rows (wo's words in a row, no bank
+               conflicts); the sum of s_warps_merge in its order */
+            for (int idx = threadIdx.x; idx < 8 * HD; idx += blockDim.x) {
+                const int qg = idx & 7, d = idx >> 3;
+                const long long pi = rpi[j][qg];
+                if (pi < 0)
+                    continue;
+                const int at2 = (d / DV) * WS + (d % DV) * 8 + qg;
+                float acc = 0.0f;
+#pragma unroll
+                for (int w = 0; w < ECU_ATTN_WARPS; w++)
+                    if (wm[j][w][qg] != -INFINITY)
+                        acc += wo[w][at2] * fw[j][qg][w];
+                part_o[(size_t)pi * HD + d] = acc;
+            }
+        }
     }
 }
 
@@ -1290,16 +1648,42 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
     dim3 grid = st->attn_kv_inner ? dim3((unsigned)(p->n_dec_tiles * n_kv_head))
                                   : dim3(p->n_dec_tiles, n_kv_head);
     auto kernel = s_attn_decode_kernel<HD, G, T>; /* the decode kernels share a signature */
+    bool group = false; /* the plan's group tiles run (their decode tiles return at once) */
     if constexpr ((G == 4 || G == 8) && sizeof(T) <= 2)
         if (st->attn_mma) {
             kernel = st->attn_vlate ? s_attn_decode_mma_kernel<HD, G, T, true>
                                     : s_attn_decode_mma_kernel<HD, G, T>;
+            group = p->n_gt > 0 && p->group_bs == block_size;
         }
+    const float scale = 1.0f / sqrtf((float)HD);
     ECU_CHECK(ecu_launch(st, kernel, grid, dim3(ECU_ATTN_WARPS * 32), 0, q, (const T *)kc,
-                         (const T *)vc, (const int4 *)p->tiles, p->tok_part,
-                         p->seq_ctx, p->block_tables, p->max_blocks, block_size, n_head,
-                         n_kv_head, 1.0f / sqrtf((float)HD), (float *)st->part_o.ptr,
-                         (float2 *)st->part_ml.ptr));
+                         (const T *)vc, (const int4 *)p->tiles,
+                         (const int *)(group ? p->tile_grp : NULL), p->tok_part, p->seq_ctx,
+                         p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, scale,
+                         (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr));
+    if constexpr ((G == 4 || G == 8) && sizeof(T) <= 2)
+        if (group) {
+            /* a persistent grid of the resident blocks, or as many as the layout can have
+               items (the items are counted on the device: any grid computes them all) */
+            constexpr size_t smem = s_gm_smem<HD, G>();
+            static int per_sm = 0; /* per instantiation */
+            auto gk = s_attn_group_mma_kernel<HD, G, T>;
+            if (per_sm == 0) {
+                ECU_CHECK(cudaFuncSetAttribute(gk, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem));
+                ECU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gk,
+                                                                        ECU_ATTN_WARPS * 32, smem));
+                per_sm = per_sm > 0 ? per_sm : 1;
+            }
+            const long items = (long)p->max_gt * n_kv_head;
+            const long most = (long)st->n_sm * per_sm;
+            ECU_CHECK(ecu_launch(
+                st, gk, dim3((unsigned)(items < most ? items : most)), dim3(ECU_ATTN_WARPS * 32),
+                smem, q, (const T *)kc, (const T *)vc, (const int4 *)p->gtiles,
+                (const int *)p->gcount, (const int *)p->gmembers, (const int *)p->tok_part,
+                (const int *)p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, scale,
+                (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr));
+        }
     return 0;
 }
 
@@ -1347,6 +1731,13 @@ extern "C" const char *eng_cuda_decode_attention(eng_backend_t *be, int n_head, 
     return mma ? "mma" : "fma";
 }
 
+extern "C" int eng_cuda_attn_group_tiles(eng_backend_t *be)
+{
+    if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+        return -EINVAL;
+    return ecu_st(be)->plan.n_gt;
+}
+
 extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, const void *k_cache,
                              const void *v_cache, const eng_attn_batch_t *batch, int n_head,
                              int n_kv_head, int head_dim, int block_size)
@@ -1361,7 +1752,8 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
         ANV_ERROR("cuda attention: head_dim %d is not supported (64, 128)", head_dim);
         return ANV_EUNSUPPORTED;
     }
-    ECU_TRY(ecu_attn_plan(st, batch, n_head, head_dim, &p));
+    st->kv_block_size = block_size; /* for the plans prepare() builds from now on */
+    ECU_TRY(ecu_attn_plan(st, batch, block_size, &p));
     ECU_TRY(ecu_buf_reserve(&st->part_o, (size_t)p->n_parts * n_head * head_dim * 4));
     ECU_TRY(ecu_buf_reserve(&st->part_ml, (size_t)p->n_parts * n_head * sizeof(float2)));
     int rc;

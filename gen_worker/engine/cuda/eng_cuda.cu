@@ -289,8 +289,8 @@ int ecu_prepare(eng_backend_t *be, const eng_step_t *step)
     if (step->batch) {
         const ecu_attn_plan_t *plan;
         st->p_qstart = NULL;
-        /* the head count is not known here: the plan does not depend on it */
-        ECU_TRY(ecu_attn_plan(st, step->batch, 0, 0, &plan));
+        /* the block size is the one the last attention (or graph step) was given */
+        ECU_TRY(ecu_attn_plan(st, step->batch, st->kv_block_size, &plan));
         st->p_qstart = step->batch->q_start;
         st->p_ctx = step->batch->ctx_len;
         st->p_tables = step->batch->block_tables;
@@ -439,6 +439,13 @@ static void s_rows_env(int *lim, const char *name, int def, int max)
         ANV_WARN("cuda backend: %s=%s ignored (0 to %d)", name, v, max);
 }
 
+/* A default-on switch: 0 when environment variable name is "0", else 1 */
+static int s_env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return !(v && strcmp(v, "0") == 0);
+}
+
 extern "C" int eng_cuda_gemv_rows(eng_backend_t *be, int rows)
 {
     if (!be || !be->name || strcmp(be->name, "cuda") != 0)
@@ -468,6 +475,9 @@ static void s_destroy(eng_backend_t **be_p)
     eng_backend_t *be = *be_p;
     ecu_state_t *st = ecu_st(be);
     if (st) {
+        if (st->group_plans > 0)
+            ANV_INFO("cuda backend: %lld attention plans had group tiles, %lld in all",
+                     st->group_plans, st->group_tiles);
         if (st->stream)
             cudaStreamSynchronize(st->stream);
         ecu_graph_free_all(st);
@@ -539,17 +549,14 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     st->n_sm = prop.multiProcessorCount;
     {
         /* programmatic dependent launch needs sm_90; ANVIL_CUDA_PDL=0 turns it off (A/B) */
-        const char *pdl = getenv("ANVIL_CUDA_PDL");
-        st->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
+        st->pdl = prop.major >= 9 && s_env_on("ANVIL_CUDA_PDL");
         /* ANVIL_CUDA_GEMV_PERSIST=0: a block per row group for every GEMV (A/B, matmul.cu) */
-        const char *gp = getenv("ANVIL_CUDA_GEMV_PERSIST");
-        st->gemv_persist = !(gp && strcmp(gp, "0") == 0);
+        st->gemv_persist = s_env_on("ANVIL_CUDA_GEMV_PERSIST");
         /* ANVIL_CUDA_GEMV_WAVES: resident waves the GEMV's column segments aim for (2.5) */
         const char *gw = getenv("ANVIL_CUDA_GEMV_WAVES");
         st->gemv_waves2 = gw && atof(gw) >= 0.5 && atof(gw) <= 64 ? (int)(atof(gw) * 2) : 5;
         /* ANVIL_CUDA_GEMV_ROPE=0: the QKV GEMV leaves rope + KV store to rope_kv_store (A/B) */
-        const char *gr = getenv("ANVIL_CUDA_GEMV_ROPE");
-        st->gemv_rope = !(gr && strcmp(gr, "0") == 0);
+        st->gemv_rope = s_env_on("ANVIL_CUDA_GEMV_ROPE");
         /* ANVIL_CUDA_GEMV_MAX=R: matmuls of up to R rows (0 to 8) take the GEMV, larger ones
            cuBLASLt; 1 by default (eng_cuda_gemv_rows; A/B) */
         s_rows_env(&st->gemv_max, "ANVIL_CUDA_GEMV_MAX", 1, ECU_GEMV_MAX);
@@ -560,8 +567,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* a persistent GEMV grid of as many blocks as make its rounds of row groups whole
            (matmul.cu; on the H100 +0.9 to +1.3 % at batch 1); ANVIL_CUDA_GEMV_BALANCE=0 fills
            every resident slot instead (A/B) */
-        const char *gb = getenv("ANVIL_CUDA_GEMV_BALANCE");
-        st->gemv_balance = !(gb && strcmp(gb, "0") == 0);
+        st->gemv_balance = s_env_on("ANVIL_CUDA_GEMV_BALANCE");
         /* ANVIL_CUDA_GEMV_SEGS=1|2|4|8 fixes the GEMV's column segments a row (matmul.cu;
            A/B, eng_cuda_gemv_segs) */
         const char *gs = getenv("ANVIL_CUDA_GEMV_SEGS");
@@ -570,29 +576,28 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* attention on tensor cores for bf16 / fp8 KV: decode with 4 or 8 query heads a KV
            head (ANVIL_CUDA_ATTN_MMA=0 keeps the FMA kernel), prefill with any
            (ANVIL_CUDA_ATTN_PREFILL_MMA=0 keeps the FMA kernel); attention.cu, A/Bs */
-        const char *am = getenv("ANVIL_CUDA_ATTN_MMA");
-        st->attn_mma = !(am && strcmp(am, "0") == 0);
-        const char *apm = getenv("ANVIL_CUDA_ATTN_PREFILL_MMA");
-        st->attn_pf_mma = !(apm && strcmp(apm, "0") == 0);
+        st->attn_mma = s_env_on("ANVIL_CUDA_ATTN_MMA");
+        st->attn_pf_mma = s_env_on("ANVIL_CUDA_ATTN_PREFILL_MMA");
         /* the tensor-core decode loads V after q.k (fewer registers, more blocks an SM;
            attention.cu): on the H200 +2.7 % (bf16 KV) and +4.9 % (fp8) at batch 256 x 2k, +2.2 %
            at batch 256, level at batch 1. ANVIL_CUDA_ATTN_VLATE=0 loads V with K (A/B) */
-        const char *av = getenv("ANVIL_CUDA_ATTN_VLATE");
-        st->attn_vlate = !(av && strcmp(av, "0") == 0);
+        st->attn_vlate = s_env_on("ANVIL_CUDA_ATTN_VLATE");
         /* ANVIL_CUDA_ATTN_KV_INNER=1: the decode kernels' blocks run the KV heads of a tile
            next to each other (a position's cache row read at once; attention.cu; A/B) */
         const char *ak = getenv("ANVIL_CUDA_ATTN_KV_INNER");
         st->attn_kv_inner = ak && strcmp(ak, "1") == 0;
+        /* decode splits that several sequences hold in the same cache blocks (a group's
+           shared prompt) read once for all of them: the group tiles of attention.cu;
+           ANVIL_CUDA_ATTN_GROUP=0 gives every sequence its own (A/B; the same bits) */
+        st->attn_group = s_env_on("ANVIL_CUDA_ATTN_GROUP");
         /* the ops that write a cuBLASLt product's input (SwiGLU in a composed gate|up linear,
            the attention's combine) also write it rounded, so the product does not round it
            again (ecu_twin_begin, matmul.cu); ANVIL_CUDA_TWIN=0 leaves the rounding to the
            product (A/B) */
-        const char *tw = getenv("ANVIL_CUDA_TWIN");
-        st->twin_on = !(tw && strcmp(tw, "0") == 0);
+        st->twin_on = s_env_on("ANVIL_CUDA_TWIN");
         /* ANVIL_CUDA_SAMPLE_LIST=0: the sampler's later passes read the whole row instead of
            the candidates compacted after two radix bytes (softmax.cu; A/B) */
-        const char *sl = getenv("ANVIL_CUDA_SAMPLE_LIST");
-        st->sample_list = !(sl && strcmp(sl, "0") == 0);
+        st->sample_list = s_env_on("ANVIL_CUDA_SAMPLE_LIST");
         /* blocks a row of the sampler: 0 = by batch (a cluster of 8 on sm_90 while the
            rows' clusters are resident at once, see ecu_sample); ANVIL_CUDA_SAMPLE_BLOCKS=1
            or 8 fixes it (A/B) */
@@ -643,7 +648,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->sample = ecu_sample;
     ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
              "%s%s%s, tensor-core skinny products up to %d rows, rounded twins %s, decode "
-             "attention %s%s%s%s, sampler %s%s",
+             "attention %s%s%s%s%s, sampler %s%s",
              prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
              st->pdl ? "on" : "off", st->gemv_max,
              st->gemv_persist ? "persistent (staged norm)" : "a block a group",
@@ -653,6 +658,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
              st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
              st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
              st->attn_kv_inner ? ", KV heads inner" : "",
+             st->attn_mma && st->attn_group ? ", shared splits as group tiles" : "",
              st->attn_pf_mma ? ", prefill attention mma (bf16/fp8 KV)" : ", prefill fma",
              st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
              : st->sample_blocks == 1 ? "1 block a row"

@@ -73,6 +73,11 @@ int eng_cuda_device_name(eng_backend_t *be, char *buf, size_t len);
    unless ANVIL_CUDA_ATTN_MMA=0) or "fma"; NULL when be is not a CUDA backend. */
 const char *eng_cuda_decode_attention(eng_backend_t *be, int n_head, int n_kv_head);
 
+/* The group tiles of CUDA backend be's latest attention plan (decode splits several sequences
+   hold in the same cache blocks, computed once for all of them; attention.cu), or -EINVAL
+   when be is not a CUDA backend. For tests and reports. */
+int eng_cuda_attn_group_tiles(eng_backend_t *be);
+
 #ifdef __cplusplus
 }
 #endif

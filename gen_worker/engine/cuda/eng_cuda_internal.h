@@ -104,7 +104,13 @@ enum {
 /* Attention plan of one batch (see attention.cu): device arrays plus sizes. */
 typedef struct {
     int n_tiles, n_dec_tiles, n_tok, n_parts, n_seq, max_blocks, q_tile;
+    int n_gt, max_gt;   /* group tiles (host count) and the room for them */
+    int group_bs;       /* the block size the groups were found with (0: none looked for) */
     int4 *tiles;        /* (n_tiles) {seq, tok_begin, n_q, split} device: decode tiles first */
+    int4 *gtiles;       /* (max_gt) {seq, split, n_members, first member} device */
+    int *gcount;        /* (1) n_gt device */
+    int *gmembers;      /* (n_dec_tiles) the group tiles' member tokens device */
+    int *tile_grp;      /* (n_dec_tiles) 1: the decode tile's split is in a group tile device */
     int *tok_part;      /* (n_tok) first partial of each token device */
     int *tok_nsplit;    /* (n_tok) device */
     int *seq_qstart;    /* (n_seq + 1) device */
@@ -140,6 +146,9 @@ typedef struct {
     int attn_pf_mma;            /* tensor-core prefill attention (attention.cu) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
+    int attn_group;             /* decode splits in shared blocks as group tiles (attention.cu) */
+    int kv_block_size;          /* the KV cache's block size, as last given (0: not yet) */
+    long long group_plans, group_tiles; /* plans with group tiles, and their tiles (a log line) */
     int twin_on;                /* producers write rounded twins (ecu_twin_begin; default; A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
@@ -334,8 +343,12 @@ void ecu_graph_free_all(ecu_state_t *st);
 
 /* Builds (or reuses, for the prepared batch) the attention plan of `batch`. With
    st->graph_splits > 0 the batch must be all decode and the plan has the fixed layout of
-   graph_splits tiles per sequence (tiles past a sequence's context are empty). */
-int ecu_attn_plan(ecu_state_t *st, const eng_attn_batch_t *batch, int n_head, int head_dim,
+   graph_splits tiles per sequence (tiles past a sequence's context are empty). block_size
+   (0: not known) is the KV cache's, with which decode splits stored in the same blocks are
+   found and grouped (st->attn_group). */
+int ecu_attn_plan(ecu_state_t *st,
+                  const eng_attn_batch_t *batch,
+                  int block_size,
                   const ecu_attn_plan_t **plan);
 
 /* The exported ops (one .cu per family), with the signatures of eng_backend_t. */

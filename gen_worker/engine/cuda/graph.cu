@@ -118,10 +118,14 @@ extern "C" int ecu_graph_step(eng_backend_t *be, const eng_step_t *step, int blo
     const int mb = step->batch->max_blocks;
     long long positions = (long long)mb * block_size;
     st->graph_splits = (int)((positions + ECU_ATTN_SPLIT_POS - 1) / ECU_ATTN_SPLIT_POS);
+    st->kv_block_size = block_size;
     int rc = ecu_prepare(be, step);
     st->graph_splits = 0;
     if (rc)
         return rc;
+    /* a step with group tiles records one more launch a layer: its own graph */
+    if (st->plan.n_gt > 0)
+        key ^= 1ull << 63;
     struct ecu_graph *g = s_find(st, step->n_tok, mb, key);
     if (!g)
         return -ENOMEM;

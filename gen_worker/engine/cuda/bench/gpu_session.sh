@@ -29,6 +29,8 @@
 #   load_8b      anvil-generate --backend cuda on the 8B checkpoint, 1 token: the engine's
 #                "weights: ... GB/s" line (page cache warm: written just before), twice
 #   gen_graphs   generate_graphs.sh: the engine with and without --cuda-graphs
+#   gen_groups   generate_groups.sh: the engine's 8 samples a prompt with the attention's group
+#                tiles and without (ANVIL_CUDA_ATTN_GROUP=0): the same tokens and logprobs
 #   hf_peer      hf_peer_bench.py: HF transformers generate at the same decode batches
 #   vs_hf        hf_compare.py: the engine against HF on a 2-layer Seed-Coder shape
 #   vs_hf_fp8    the same with the KV cache in fp8 (ANVIL_CUDA_KV=fp8): its accuracy cost
@@ -79,6 +81,15 @@
 #                kernel): prefill_tok_s, the A/B in one session
 #   kernels_prefill ncu's detail sections (speed of light, compute, memory, occupancy, warp
 #                states, scheduler) for two launches of the prefill attention (two 1k prompts)
+#   memcheck_grp memcheck on test_cuda_ops --only groups: the group tiles (decode splits held
+#                in shared blocks; bf16 G 4 at head_dim 128, fp8 G 8 at 64)
+#   racecheck_grp the same under racecheck (q and p fragments, the warps' results in shared
+#                memory)
+#   bench_group  the GRPO workload (64 prompts x 8 samples, 1k prompts, 128 to 640 new, graphs)
+#                with the group tiles (the default) and without (ANVIL_CUDA_ATTN_GROUP=0), on,
+#                off, on: tok/s and the tokens' hash (the same bits: the same hash)
+#   kernels_group ncu: the decode attention of a GRPO step (16 prompts x 8 samples at a 1k
+#                prompt, 4 layers) with the group tiles and without: time, DRAM and L2 bytes
 #   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
 #                (time, DRAM bytes, GB/s) and the time between kernels
 #   kernels_b256 the same for one batch-256 step at 2k context (ncu_step.py --ctx-len 2048):
@@ -411,9 +422,11 @@ rm -rf "$CKPT"
 
 if [ $DRY = 1 ]; then
     step gen_graphs 120 env BACKEND=cpu "$TESTS/generate_graphs.sh" "$GEN"
+    step gen_groups 120 env BACKEND=cpu "$TESTS/generate_groups.sh" "$GEN"
     log "hf_peer: needs the GPU, not run in --dry"
 else
     step gen_graphs 120 "$TESTS/generate_graphs.sh" "$GEN"
+    step gen_groups 120 "$TESTS/generate_groups.sh" "$GEN"
     step hf_peer 150 "$PY" "$BENCHDIR/hf_peer_bench.py" --batches 1,16,64,256 --prompt 512 \
         --new 256
 fi
@@ -434,6 +447,19 @@ step memcheck_dec 180 "$TESTS/memcheck.sh" "$T_OPS" --only decodes
 step racecheck_dec 240 "$TESTS/memcheck.sh" --tool racecheck "$T_OPS" --only decodes
 step memcheck_pf 180 "$TESTS/memcheck.sh" "$T_OPS" --only prefill
 step racecheck_pf 240 "$TESTS/memcheck.sh" --tool racecheck "$T_OPS" --only prefill
+step memcheck_grp 180 "$TESTS/memcheck.sh" "$T_OPS" --only groups
+step racecheck_grp 240 "$TESTS/memcheck.sh" --tool racecheck "$T_OPS" --only groups
+if [ $DRY = 1 ]; then
+    GR_ARGS=(--backend cpu --shape tiny --threads 4 --grpo-prompts 2 --grpo-samples 4
+        --grpo-prompt 300 --grpo-min-new 2 --grpo-max-new 6)
+else
+    GR_ARGS=(--cuda-graphs --grpo-prompts 64 --grpo-samples 8 --grpo-prompt 1024
+        --grpo-min-new 128 --grpo-max-new 640)
+fi
+step bench_group 200 bash -c 'b=$0; for v in 1 0 1; do
+        echo "== ANVIL_CUDA_ATTN_GROUP=$v"
+        ANVIL_CUDA_ATTN_GROUP=$v "$b" "$@" --batches none --ctx-batch 0 || exit 1
+    done' "$BENCH" "${GR_ARGS[@]}"
 if [ $DRY = 1 ]; then
     PF_ARGS=(--backend cpu --shape tiny --threads 4 --batches 2 --prompt 16 --new 2)
 else
@@ -459,6 +485,16 @@ if [ $DRY = 0 ] && command -v ncu > /dev/null; then
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
         --section SchedulerStats "$BENCH" --batches 2 --prompt 1024 --new 2 --ctx-batch 0 \
         --grpo-prompts 0
+    # 8 prefill steps (2 prompts each), then decodes: layers 0..3 of the 11th step
+    step kernels_group 200 bash -c 'for v in 1 0; do
+            echo "== ANVIL_CUDA_ATTN_GROUP=$v"
+            ANVIL_CUDA_ATTN_GROUP=$v ncu --csv --clock-control none \
+                --kernel-name regex:"s_attn_decode|s_attn_group" --launch-skip 320 \
+                --launch-count 8 --metrics \
+                gpu__time_duration.sum,dram__bytes_read.sum,lts__t_bytes.sum "$0" \
+                --batches none --ctx-batch 0 --grpo-prompts 16 --grpo-samples 8 \
+                --grpo-prompt 1024 --grpo-min-new 48 --grpo-max-new 64 || exit 1
+        done' "$BENCH"
     step kernels_fma 240 env ANVIL_CUDA_KV=fp8 bash -c '
             "$0" "$1" --bench "$2" --out "$3/fp8" --batch 256 --ctx-len 2048 || exit 1
             ANVIL_CUDA_ATTN_MMA=0 "$0" "$1" --bench "$2" --out "$3/fma" --batch 256 \
@@ -509,6 +545,11 @@ fi
     grep -E "^(kernel|step) " "$OUT/kernels_fma.log" 2>/dev/null
     echo "== prefill of 1k-token prompts: prefill attention on tensor cores, then FMA"
     grep -E "^(==|decode )" "$OUT/bench_prefill.log" 2>/dev/null
+    echo "== GRPO with the group tiles, without, with (ANVIL_CUDA_ATTN_GROUP=1 / 0 / 1)"
+    grep -E "^(==|grpo )" "$OUT/bench_group.log" 2>/dev/null
+    echo "== a GRPO step's decode attention, with the group tiles and without (ncu, a layer a line)"
+    grep -E "^==|s_attn_(decode|group)" "$OUT/kernels_group.log" 2>/dev/null |
+        awk -F'","' '/^==/ {print; next} {n=$5; sub(/<.*/, "", n); print $1" "n" "$(NF-2)" "$NF}'
     echo "== the tensor-core prefill attention in detail (ncu sections)"
     pm="Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per"
     pm="$pm|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc Active|Block Limit"
