@@ -1111,7 +1111,13 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
    45 us (this kernel) against 156 us a layer; the GRPO workload (64 prompts x 8 samples,
    graphs) 10370 -> 12262 / 12193 tok/s with the same tokens. Measured and left: V loaded with
    K (162 registers; GRPO x0.99, ncu 84 -> 87 us at a larger step), 4 blocks an SM (128
-   registers; ncu 63.7 -> 58.3 us, GRPO 12127 / 12277 -> 12212 / 12210: level). */
+   registers; ncu 63.7 -> 58.3 us, GRPO 12127 / 12277 -> 12212 / 12210: level), L2
+   prefetches of the item's V rows and the next item's K and V rows (prefetch.global.L2: at
+   batch 512 the kernel's DRAM reads went 277 -> 415 MB a layer, 214 -> 294 us, GRPO x0.94).
+   In a GRPO step at batch 512 (ncu_step.py --csv) this kernel is 6.8 of 25.0 ms of kernels,
+   213 us a layer at 1.57 TB/s: the stalls are mostly long scoreboard (each item's K, then
+   its V, waited on in turn), the next step is to keep an item's loads in flight while the
+   item before computes (cp.async staging). */
 template <int HD, int G> static constexpr size_t s_gm_smem()
 {
     return (size_t)G * (HD / 16) * 32 * 16 + (size_t)G * ECU_ATTN_WARPS * 8 * 32 * 4 +
