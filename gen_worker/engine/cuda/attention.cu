@@ -99,6 +99,8 @@ static int s_plan_groups(const eng_attn_batch_t *b,
         for (int k = 0; k < b->ctx_len[s] / ECU_ATTN_SPLIT; k++) {
             const int b0 = k * ECU_ATTN_SPLIT / bs,
                       b1 = (k * ECU_ATTN_SPLIT + ECU_ATTN_SPLIT - 1) / bs;
+            if (b1 >= mb)
+                break; /* a context past its block table (the kernels' contract): no groups */
             uint64_t h = ((uint64_t)(uint32_t)ts[b0] << 20 ^ (uint64_t)k) * 0x9E3779B97F4A7C15ull;
             long at = (long)(h >> 40) & (hn - 1);
             int gi = -1;
