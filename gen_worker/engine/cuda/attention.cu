@@ -60,12 +60,14 @@
    positions, all in the context) of a decode sequence joins the group of the first sequence
    seen with the same cache blocks for that split (a hash on (split, first block), then the
    whole block range compared), up to ECU_ATTN_GMAX members a group; groups of two or more
-   become group tiles {seq, split, n, first member} (gt) with their members' tokens (gmem), and
-   their members' decode tiles are flagged (tile_grp). dec_tile[s] is sequence s's first decode
+   become group tiles {seq, split, n, first member} (gt) with their members' {token, first
+   partial} pairs (gmem; tok_part is filled before), and their members' decode tiles are
+   flagged (tile_grp). dec_tile[s] is sequence s's first decode
    tile (-1: not a decode). Returns the number of group tiles (at most max_gt), or -ENOMEM. */
 static int s_plan_groups(const eng_attn_batch_t *b,
                          int bs,
                          const int32_t *dec_tile,
+                         const int32_t *tok_part,
                          int32_t *tile_grp,
                          int32_t *gt,
                          int32_t *gmem,
@@ -134,7 +136,8 @@ static int s_plan_groups(const eng_attn_batch_t *b,
         o[0] = c->seq, o[1] = c->split, o[2] = c->n, o[3] = nm;
         for (int m = 0; m < c->n; m++) {
             const int s = c->mem[m];
-            gmem[nm++] = b->q_start[s];
+            gmem[2 * nm] = b->q_start[s], gmem[2 * nm + 1] = tok_part[b->q_start[s]];
+            nm++;
             tile_grp[dec_tile[s] + c->split] = 1;
         }
     }
@@ -188,17 +191,19 @@ int ecu_attn_plan(ecu_state_t *st,
     }
     const int max_gt = st->attn_group && block_size > 0 ? n_dec / 2 : 0;
     size_t words = (size_t)4 * n_tiles + (size_t)4 * max_gt + 2 * (size_t)n_tok + (n_seq + 1) +
-                   n_seq + (size_t)n_seq * b->max_blocks + 2 * (size_t)n_dec + 1;
+                   n_seq + (size_t)n_seq * b->max_blocks + 3 * (size_t)n_dec + 1;
     int32_t *h = (int32_t *)malloc(words * sizeof(int32_t));
     int32_t *dec_tile = (int32_t *)malloc((size_t)n_seq * sizeof(int32_t));
     if (!h || !dec_tile) {
         free(h), free(dec_tile);
         return -ENOMEM;
     }
-    int32_t *tiles = h, *gt = h + 4 * (size_t)n_tiles, *tok_part = gt + 4 * (size_t)max_gt;
+    /* gmem's int2 pairs 8-byte aligned: they follow the int4 arrays */
+    int32_t *tiles = h, *gt = h + 4 * (size_t)n_tiles, *gmem = gt + 4 * (size_t)max_gt;
+    int32_t *tok_part = gmem + 2 * (size_t)n_dec;
     int32_t *tok_nsplit = tok_part + n_tok, *qs = tok_nsplit + n_tok, *ctx = qs + n_seq + 1;
     int32_t *tables = ctx + n_seq, *tile_grp = tables + (size_t)n_seq * b->max_blocks;
-    int32_t *gmem = tile_grp + n_dec, *gcount = gmem + n_dec;
+    int32_t *gcount = tile_grp + n_dec;
     int ti = 0, part = 0;
     /* graph layout: gs tiles per sequence, those past its context empty (n_q 0) */
     for (int s = 0; s < n_seq && gs > 0; s++) {
@@ -240,7 +245,9 @@ int ecu_attn_plan(ecu_state_t *st,
     memcpy(ctx, b->ctx_len, (size_t)n_seq * 4);
     memcpy(tables, b->block_tables, (size_t)n_seq * b->max_blocks * 4);
     memset(tile_grp, 0, (size_t)n_dec * 4);
-    int n_gt = max_gt > 0 ? s_plan_groups(b, block_size, dec_tile, tile_grp, gt, gmem, max_gt) : 0;
+    int n_gt = max_gt > 0
+                   ? s_plan_groups(b, block_size, dec_tile, tok_part, tile_grp, gt, gmem, max_gt)
+                   : 0;
     free(dec_tile);
     if (n_gt < 0) {
         free(h);
@@ -264,14 +271,14 @@ int ecu_attn_plan(ecu_state_t *st,
     st->group_plans += n_gt > 0, st->group_tiles += n_gt;
     p->tiles = (int4 *)d;
     p->gtiles = (int4 *)(d + 4 * (size_t)n_tiles);
-    p->tok_part = d + 4 * (size_t)n_tiles + 4 * (size_t)max_gt;
+    p->gmembers = (int2 *)(d + 4 * (size_t)n_tiles + 4 * (size_t)max_gt);
+    p->tok_part = (int *)(p->gmembers + n_dec);
     p->tok_nsplit = p->tok_part + n_tok;
     p->seq_qstart = p->tok_nsplit + n_tok;
     p->seq_ctx = p->seq_qstart + n_seq + 1;
     p->block_tables = p->seq_ctx + n_seq;
     p->tile_grp = p->block_tables + (size_t)n_seq * b->max_blocks;
-    p->gmembers = p->tile_grp + n_dec;
-    p->gcount = p->gmembers + n_dec;
+    p->gcount = p->tile_grp + n_dec;
     *plan_out = p;
     return 0;
 }
@@ -865,16 +872,19 @@ static __device__ __forceinline__ void s_dm_load_v(unsigned (&vw)[2][2][2][s_dm<
 
 /* q.k's A fragment of k-step s for lane quarter tt of query row x (NULL: a zero row): {hi, lo}
    of dims (4 s, 4 s + 1) then of (4 s + 2, 4 s + 3) of the quarter */
+template <typename T> static __device__ __forceinline__ uint4 s_dm_qfrag_v(float4 v, float scale)
+{
+    uint4 f;
+    s_hilo<T>(v.x * scale, v.y * scale, f.x, f.y);
+    s_hilo<T>(v.z * scale, v.w * scale, f.z, f.w);
+    return f;
+}
+
 template <int HD, typename T>
 static __device__ __forceinline__ uint4 s_dm_qfrag(const float *x, int s, int tt, float scale)
 {
-    uint4 f = make_uint4(0, 0, 0, 0);
-    if (x) {
-        const float4 v = *(const float4 *)(x + tt * s_dm<HD, T>::DQ + 4 * s);
-        s_hilo<T>(v.x * scale, v.y * scale, f.x, f.y);
-        s_hilo<T>(v.z * scale, v.w * scale, f.z, f.w);
-    }
-    return f;
+    return x ? s_dm_qfrag_v<T>(*(const float4 *)(x + tt * s_dm<HD, T>::DQ + 4 * s), scale)
+             : make_uint4(0, 0, 0, 0);
 }
 
 /* q.k: four n-tiles of 8 keys against the fragments qf[KS][32] */
@@ -1116,10 +1126,15 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
    registers; ncu 63.7 -> 58.3 us, GRPO 12127 / 12277 -> 12212 / 12210: level), L2
    prefetches of the item's V rows and the next item's K and V rows (prefetch.global.L2: at
    batch 512 the kernel's DRAM reads went 277 -> 415 MB a layer, 214 -> 294 us, GRPO x0.94).
-   In a GRPO step at batch 512 (ncu_step.py --csv) this kernel is 6.8 of 25.0 ms of kernels,
-   213 us a layer at 1.57 TB/s: the stalls are mostly long scoreboard (each item's K, then
-   its V, waited on in turn), the next step is to keep an item's loads in flight while the
-   item before computes (cp.async staging). */
+   In a GRPO step at batch 512 (ncu_step.py --csv) this kernel was 6.8 of 25.0 ms of kernels.
+   ncu's warp-state samples by instruction (--set full, --page source --print-source sass; a
+   layer at batch 512 of 64 x 8 samples, 1k prompts) then put 34 % of the stalls in building
+   q's fragments (each thread's 8 fragments a load of the member's token, then of its q row,
+   one after another) and 30 % in the merge (the same weights read back for each output).
+   Now a thread's q rows are loaded 4 at a time from members staged in shared memory, an
+   item looks up the next one's tile, cache blocks and members while it computes (the plan
+   holds a member's {token, first partial}), and the merge reads a row's weights once:
+   82.6 -> 67.1 us that layer, GRPO 12277 / 12170 -> 12535 / 12591 tok/s (same tokens). */
 template <int HD, int G> static constexpr size_t s_gm_smem()
 {
     return (size_t)G * (HD / 16) * 32 * 16 + (size_t)G * ECU_ATTN_WARPS * 8 * 32 * 4 +
@@ -1133,8 +1148,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                             const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
                             const int4 *gtiles /* (n_gt) {seq, split, n, first member} */,
                             const int *gcount /* (1) n_gt */,
-                            const int *gmembers /* the members' tokens */,
-                            const int *tok_part /* (n_tok) */,
+                            const int2 *gmembers /* the members' {token, first partial} */,
                             const int *block_tables /* (n_seq, mb) */,
                             int max_blocks,
                             int block_size,
@@ -1146,8 +1160,10 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
 {
     static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
     using D = s_dm<HD, T>;
-    constexpr int KS = D::KS, DV = D::DV, MT = D::MT, WS = D::WS;
+    constexpr int KS = D::KS, DV = D::DV, MT = D::MT, WS = D::WS, NT = ECU_ATTN_WARPS * 32;
     constexpr int MQ = 8 / G, NP = ECU_ATTN_GMAX / MQ; /* members an m-tile; m-tiles */
+    constexpr int QI = NP * KS * 32 / NT, QB = QI < 4 ? QI : 4; /* q fragments a thread */
+    static_assert(NP * KS * 32 % NT == 0 && QI % QB == 0, "q fragments split evenly");
     extern __shared__ __align__(16) unsigned char gm_smem[];
     uint4(*qf)[KS][32] = (uint4(*)[KS][32])gm_smem; /* [NP] */
     unsigned(*pf)[ECU_ATTN_WARPS][8][32] = (unsigned(*)[ECU_ATTN_WARPS][8][32])(qf + NP);
@@ -1155,28 +1171,64 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     __shared__ float wm[NP][ECU_ATTN_WARPS][8], wl[NP][ECU_ATTN_WARPS][8];
     __shared__ float fw[NP][8][ECU_ATTN_WARPS]; /* the merge's weights */
     __shared__ long long rpi[NP][8];            /* the rows' partials (-1: no member) */
+    __shared__ int2 mem[ECU_ATTN_GMAX];         /* the item's members */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     const size_t kv_row = (size_t)n_kv_head * HD;
     ecu_pdl_trigger();
-    const int n_items = *gcount * n_kv_head; /* the plan: uploaded before the step */
+    /* The plan (uploaded before the step, so read before the PDL wait) of the block's first
+       item; each item then looks up the next one's while it computes, so an item starts
+       with its K rows' loads, not with three lookups in turn (tile, block table, members):
+       a lane's cache block of its key (of a full split), threads < GMAX their member */
+    const int n_items = *gcount * n_kv_head;
+    auto blk_of = [&](int4 t) {
+        const int key = t.y * ECU_ATTN_SPLIT + warp * 32 + lane;
+        return block_tables[(size_t)t.x * max_blocks + key / block_size];
+    };
+    auto mem_of = [&](int4 t) {
+        return (int)threadIdx.x < t.z ? gmembers[t.w + threadIdx.x] : make_int2(-1, -1);
+    };
+    int4 gt = make_int4(0, 0, 0, 0);
+    int blk = 0;
+    int2 mine = make_int2(-1, -1);
+    if ((int)blockIdx.x < n_items) {
+        gt = gtiles[blockIdx.x / n_kv_head];
+        blk = blk_of(gt), mine = mem_of(gt);
+    }
     ecu_pdl_wait(); /* every block waits: this kernel's end implies the one before's */
     for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const int4 gt = gtiles[item / n_kv_head];
         const int kvh = item % n_kv_head, nm = gt.z, np = (nm + MQ - 1) / MQ;
-        const int key = gt.y * ECU_ATTN_SPLIT + warp * 32 + lane; /* a full split */
-        const int *table = block_tables + (size_t)gt.x * max_blocks;
-        const int pos = table[key / block_size] * block_size + key % block_size;
+        const int pos = blk * block_size + (gt.y * ECU_ATTN_SPLIT + warp * 32 + lane) % block_size;
         unsigned kw[4][D::KW];
         s_dm_load_k<HD, T>(kw, k_cache, kvh, kv_row, pos, 32);
+        const int next = item + gridDim.x;
+        const int4 gtn = next < n_items ? gtiles[next / n_kv_head] : make_int4(0, 0, 0, 0);
         __syncthreads(); /* the item before is done with shared memory */
-        /* m-tile j, row gg: member j MQ + gg / G, head gg % G (rows of absent members zero) */
-        for (int idx = threadIdx.x; idx < np * KS * 32; idx += blockDim.x) {
-            const int j = idx / (KS * 32), s = (idx >> 5) % KS, ln = idx & 31, gg = ln >> 2;
-            const int m = j * MQ + gg / G;
-            const float *x = m < nm
-                                 ? q + ((size_t)gmembers[gt.w + m] * n_head + kvh * G + gg % G) * HD
-                                 : nullptr;
-            qf[j][s][ln] = s_dm_qfrag<HD, T>(x, s, ln & 3, scale);
+        if (threadIdx.x < ECU_ATTN_GMAX)
+            mem[threadIdx.x] = mine;
+        __syncthreads();
+        /* m-tile j, row gg: member j MQ + gg / G, head gg % G (rows of absent members zero);
+           QB rows' loads in flight at once */
+#pragma unroll
+        for (int r0 = 0; r0 < QI; r0 += QB) {
+            float4 v[QB];
+#pragma unroll
+            for (int r = 0; r < QB; r++) {
+                const int idx = (int)threadIdx.x + (r0 + r) * NT;
+                const int j = idx / (KS * 32), s = (idx >> 5) % KS, ln = idx & 31, gg = ln >> 2;
+                const int m = j * MQ + gg / G;
+                v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (m < nm)
+                    v[r] =
+                        *(const float4 *)(q + ((size_t)mem[m].x * n_head + kvh * G + gg % G) * HD +
+                                          (ln & 3) * D::DQ + 4 * s);
+            }
+#pragma unroll
+            for (int r = 0; r < QB; r++) {
+                const int idx = (int)threadIdx.x + (r0 + r) * NT;
+                const int j = idx / (KS * 32), s = (idx >> 5) % KS, ln = idx & 31, gg = ln >> 2;
+                qf[j][s][ln] =
+                    j * MQ + gg / G < nm ? s_dm_qfrag_v<T>(v[r], scale) : make_uint4(0, 0, 0, 0);
+            }
         }
         __syncthreads();
         for (int j = 0; j < np; j++) {
@@ -1196,6 +1248,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
         }
         unsigned vw[2][2][2][D::VW];
         s_dm_load_v<HD, T>(vw, v_cache, kvh, kv_row, pos, 32);
+        /* the next item's cache blocks and members (its tile has arrived by now) */
+        if (next < n_items)
+            blk = blk_of(gtn), mine = mem_of(gtn);
         /* s_warps_merge's weights, once a (row, warp): exp(max_w - max) as it computes them
            (so the same bits), the row's {max, sum}, and where its partial goes */
         __syncthreads(); /* every warp's (max, sum) of every m-tile */
@@ -1213,9 +1268,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                     sum += wl[j][w][qg] * f;
             }
             const long long pi =
-                m < nm
-                    ? (long long)(tok_part[gmembers[gt.w + m]] + gt.y) * n_head + kvh * G + qg % G
-                    : -1;
+                m < nm ? (long long)(mem[m].y + gt.y) * n_head + kvh * G + qg % G : -1;
             rpi[j][qg] = pi;
             if (pi >= 0)
                 part_ml[pi] = make_float2(mx, sum);
@@ -1233,22 +1286,31 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
             __syncthreads(); /* the weights are in; m-tile j - 1's merge is done with wo */
             s_dm_wo<HD, T, true>(wo[warp], oacc, oacc2);
             __syncthreads();
-            /* a warp's 32 outputs: 4 dims of the 8 rows (wo's words in a row, no bank
-               conflicts); the sum of s_warps_merge in its order */
-            for (int idx = threadIdx.x; idx < 8 * HD; idx += blockDim.x) {
-                const int qg = idx & 7, d = idx >> 3;
-                const long long pi = rpi[j][qg];
-                if (pi < 0)
-                    continue;
+            /* a thread's outputs: row qg (fixed: NT is a multiple of 8), dims threadIdx.x / 8
+               + NT / 8 i; a warp's 32 are 4 dims of the 8 rows (wo's words in a row, no bank
+               conflicts). The sum of s_warps_merge in its order. */
+            const int qg = threadIdx.x & 7;
+            const long long pi = rpi[j][qg];
+            if (pi < 0)
+                continue;
+            float f[ECU_ATTN_WARPS];
+            bool ok[ECU_ATTN_WARPS];
+#pragma unroll
+            for (int w = 0; w < ECU_ATTN_WARPS; w++)
+                f[w] = fw[j][qg][w], ok[w] = wm[j][w][qg] != -INFINITY;
+#pragma unroll
+            for (int i = 0; i < HD * 8 / NT; i++) {
+                const int d = (threadIdx.x >> 3) + i * (NT / 8);
                 const int at2 = (d / DV) * WS + (d % DV) * 8 + qg;
                 float acc = 0.0f;
 #pragma unroll
                 for (int w = 0; w < ECU_ATTN_WARPS; w++)
-                    if (wm[j][w][qg] != -INFINITY)
-                        acc += wo[w][at2] * fw[j][qg][w];
+                    if (ok[w])
+                        acc += wo[w][at2] * f[w];
                 part_o[(size_t)pi * HD + d] = acc;
             }
         }
+        gt = gtn;
     }
 }
 
@@ -1685,12 +1747,12 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
             }
             const long items = (long)p->max_gt * n_kv_head;
             const long most = (long)st->n_sm * per_sm;
-            ECU_CHECK(ecu_launch(
-                st, gk, dim3((unsigned)(items < most ? items : most)), dim3(ECU_ATTN_WARPS * 32),
-                smem, q, (const T *)kc, (const T *)vc, (const int4 *)p->gtiles,
-                (const int *)p->gcount, (const int *)p->gmembers, (const int *)p->tok_part,
-                (const int *)p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, scale,
-                (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr));
+            ECU_CHECK(ecu_launch(st, gk, dim3((unsigned)(items < most ? items : most)),
+                                 dim3(ECU_ATTN_WARPS * 32), smem, q, (const T *)kc, (const T *)vc,
+                                 (const int4 *)p->gtiles, (const int *)p->gcount,
+                                 (const int2 *)p->gmembers, (const int *)p->block_tables,
+                                 p->max_blocks, block_size, n_head, n_kv_head, scale,
+                                 (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr));
         }
     return 0;
 }
