@@ -1135,10 +1135,107 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
    item looks up the next one's tile, cache blocks and members while it computes (the plan
    holds a member's {token, first partial}), and the merge reads a row's weights once:
    82.6 -> 67.1 us that layer, GRPO 12277 / 12170 -> 12535 / 12591 tok/s (same tokens). */
-template <int HD, int G> static constexpr size_t s_gm_smem()
+/* The group kernel's dynamic shared memory: the p fragments (pf), then q's fragments (qf,
+   the q.k phase) and the warps' results (wo, the merge) in the same bytes, then the stage */
+template <int HD, int G> static __host__ __device__ constexpr size_t s_gm_qfwo()
 {
-    return (size_t)G * (HD / 16) * 32 * 16 + (size_t)G * ECU_ATTN_WARPS * 8 * 32 * 4 +
-           (size_t)ECU_ATTN_WARPS * 8 * (HD / 8 * 8 + 8) * 4;
+    return (size_t)G * (HD / 16) * 32 * 16 > (size_t)ECU_ATTN_WARPS * 8 * (HD / 8 * 8 + 8) * 4
+               ? (size_t)G * (HD / 16) * 32 * 16
+               : (size_t)ECU_ATTN_WARPS * 8 * (HD / 8 * 8 + 8) * 4;
+}
+template <int HD, int G, typename T> static constexpr size_t s_gm_smem()
+{
+    return (size_t)G * ECU_ATTN_WARPS * 8 * 32 * 4 + s_gm_qfwo<HD, G>() +
+           (size_t)ECU_ATTN_WARPS * 32 * HD * sizeof(T);
+}
+
+/* The group kernel's stage: a warp's 32 K (or V) rows of one KV head (R = HD sizeof(T)
+   bytes each) in shared memory, copied by the warp with cp.async in 16-byte pieces (lanes
+   on consecutive pieces of a row), piece c of row r at r R + 16 s_stage_swz(r, c): the
+   swizzle puts the 8 lanes of a quarter warp on different banks when they read their
+   fragments back (s_dm_load_k / s_dm_load_v's rows: K pieces tig R / 4 of rows 8 t + g, V
+   pieces g R / 8 of rows 16 s + 8 h + 2 tig + c). After cp.async.wait_group a __syncwarp
+   shows a lane the others' pieces; a __syncthreads lies between the reads of one item's
+   rows and the copies of the next ones into the same bytes. */
+template <int NC> static __device__ __forceinline__ int s_stage_swz(int r, int c)
+{
+    if constexpr (NC >= 16)
+        return c ^ (((r ^ (r >> 1)) & 1) | ((r >> 2 & 1) << 2) | ((c >> 3 & 1) << 1));
+    else if constexpr (NC == 8)
+        return c ^ (r & 7);
+    else
+        return c ^ (r >> 1 & 3);
+}
+
+template <int HD, typename T>
+static __device__ __forceinline__ void
+s_gm_stage(unsigned char *wst, const T *cache, int kvh, size_t kv_row, int pos)
+{
+    constexpr int R = HD * (int)sizeof(T), NC = R / 16;
+    const int lane = threadIdx.x & 31;
+    const char *base = (const char *)(cache + (size_t)kvh * HD);
+#pragma unroll
+    for (int k = 0; k < NC; k++) {
+        const int idx = lane + 32 * k, r = idx / NC, c = idx % NC;
+        const int p = __shfl_sync(0xffffffffu, pos, r);
+        const unsigned dst =
+            (unsigned)__cvta_generic_to_shared(wst + r * R + s_stage_swz<NC>(r, c) * 16);
+        const char *src = base + (size_t)p * kv_row * sizeof(T) + c * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void s_gm_stage_wait()
+{
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncwarp();
+}
+
+template <int HD, typename T>
+static __device__ __forceinline__ void s_gm_get_k(unsigned (&kw)[4][s_dm<HD, T>::KW],
+                                                  const unsigned char *wst)
+{
+    constexpr int R = HD * (int)sizeof(T), NC = R / 16;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int i = 0; i < NC / 4; i++) {
+            const int r = 8 * t + g, c = tig * (NC / 4) + i;
+            const uint4 u = *(const uint4 *)(wst + r * R + s_stage_swz<NC>(r, c) * 16);
+            kw[t][4 * i] = u.x, kw[t][4 * i + 1] = u.y, kw[t][4 * i + 2] = u.z,
+                      kw[t][4 * i + 3] = u.w;
+        }
+}
+
+template <int HD, typename T>
+static __device__ __forceinline__ void s_gm_get_v(unsigned (&vw)[2][2][2][s_dm<HD, T>::VW],
+                                                  const unsigned char *wst)
+{
+    constexpr int R = HD * (int)sizeof(T), NC = R / 16;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int r = 16 * s + 8 * h + 2 * tig + c;
+                unsigned *w = vw[s][h][c];
+                if constexpr (R / 8 >= 16) {
+#pragma unroll
+                    for (int i = 0; i < R / 128; i++) {
+                        const int cc = g * (NC / 8) + i;
+                        const uint4 u = *(const uint4 *)(wst + r * R + s_stage_swz<NC>(r, cc) * 16);
+                        w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
+                    }
+                } else { /* 8 bytes: half a piece */
+                    const uint2 u = *(const uint2 *)(wst + r * R + s_stage_swz<NC>(r, g >> 1) * 16 +
+                                                     (g & 1) * 8);
+                    w[0] = u.x, w[1] = u.y;
+                }
+            }
 }
 
 template <int HD, int G, typename T>
@@ -1165,15 +1262,17 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     constexpr int QI = NP * KS * 32 / NT, QB = QI < 4 ? QI : 4; /* q fragments a thread */
     static_assert(NP * KS * 32 % NT == 0 && QI % QB == 0, "q fragments split evenly");
     extern __shared__ __align__(16) unsigned char gm_smem[];
-    uint4(*qf)[KS][32] = (uint4(*)[KS][32])gm_smem; /* [NP] */
-    unsigned(*pf)[ECU_ATTN_WARPS][8][32] = (unsigned(*)[ECU_ATTN_WARPS][8][32])(qf + NP);
-    float(*wo)[8 * WS] = (float(*)[8 * WS])(pf + NP); /* [warps] */
+    unsigned(*pf)[ECU_ATTN_WARPS][8][32] = (unsigned(*)[ECU_ATTN_WARPS][8][32])gm_smem; /* [NP] */
+    uint4(*qf)[KS][32] = (uint4(*)[KS][32])(pf + NP); /* [NP], the q.k phase */
+    float(*wo)[8 * WS] = (float(*)[8 * WS])(pf + NP); /* [warps], the merge: qf's bytes */
     __shared__ float wm[NP][ECU_ATTN_WARPS][8], wl[NP][ECU_ATTN_WARPS][8];
     __shared__ float fw[NP][8][ECU_ATTN_WARPS]; /* the merge's weights */
     __shared__ long long rpi[NP][8];            /* the rows' partials (-1: no member) */
     __shared__ int2 mem[ECU_ATTN_GMAX];         /* the item's members */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     const size_t kv_row = (size_t)n_kv_head * HD;
+    unsigned char *wst = (unsigned char *)(pf + NP) + s_gm_qfwo<HD, G>() +
+                         (size_t)warp * 32 * HD * sizeof(T); /* the warp's stage */
     ecu_pdl_trigger();
     /* The plan (uploaded before the step, so read before the PDL wait) of the block's first
        item; each item then looks up the next one's while it computes, so an item starts
@@ -1194,17 +1293,26 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
         gt = gtiles[blockIdx.x / n_kv_head];
         blk = blk_of(gt), mine = mem_of(gt);
     }
+    auto pos_of = [&](int4 t, int b) {
+        return b * block_size + (t.y * ECU_ATTN_SPLIT + warp * 32 + lane) % block_size;
+    };
     ecu_pdl_wait(); /* every block waits: this kernel's end implies the one before's */
+    int pos = pos_of(gt, blk);
+    if ((int)blockIdx.x < n_items)
+        s_gm_stage<HD, T>(wst, k_cache, blockIdx.x % n_kv_head, kv_row, pos);
+    /* an item's K rows are copied into the stage while the item before runs p.v and its
+       merge, its V rows while it builds q's fragments and runs q.k */
     for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
         const int kvh = item % n_kv_head, nm = gt.z, np = (nm + MQ - 1) / MQ;
-        const int pos = blk * block_size + (gt.y * ECU_ATTN_SPLIT + warp * 32 + lane) % block_size;
         unsigned kw[4][D::KW];
-        s_dm_load_k<HD, T>(kw, k_cache, kvh, kv_row, pos, 32);
+        s_gm_stage_wait();
+        s_gm_get_k<HD, T>(kw, wst);
         const int next = item + gridDim.x;
         const int4 gtn = next < n_items ? gtiles[next / n_kv_head] : make_int4(0, 0, 0, 0);
-        __syncthreads(); /* the item before is done with shared memory */
+        __syncthreads(); /* the item before is done with shared memory; K is read */
         if (threadIdx.x < ECU_ATTN_GMAX)
             mem[threadIdx.x] = mine;
+        s_gm_stage<HD, T>(wst, v_cache, kvh, kv_row, pos);
         __syncthreads();
         /* m-tile j, row gg: member j MQ + gg / G, head gg % G (rows of absent members zero);
            QB rows' loads in flight at once */
@@ -1246,14 +1354,19 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
             if ((lane & 3) == 0)
                 wm[j][warp][g] = mx, wl[j][warp][g] = l;
         }
-        unsigned vw[2][2][2][D::VW];
-        s_dm_load_v<HD, T>(vw, v_cache, kvh, kv_row, pos, 32);
         /* the next item's cache blocks and members (its tile has arrived by now) */
         if (next < n_items)
             blk = blk_of(gtn), mine = mem_of(gtn);
+        unsigned vw[2][2][2][D::VW];
+        s_gm_stage_wait();
+        s_gm_get_v<HD, T>(vw, wst);
         /* s_warps_merge's weights, once a (row, warp): exp(max_w - max) as it computes them
            (so the same bits), the row's {max, sum}, and where its partial goes */
-        __syncthreads(); /* every warp's (max, sum) of every m-tile */
+        __syncthreads(); /* every warp's (max, sum) of every m-tile; V is read */
+        if (next < n_items) {
+            pos = pos_of(gtn, blk);
+            s_gm_stage<HD, T>(wst, k_cache, next % n_kv_head, kv_row, pos);
+        }
         if (threadIdx.x < np * 8) {
             const int j = threadIdx.x >> 3, qg = threadIdx.x & 7, m = j * MQ + qg / G;
             float mx = -INFINITY, sum = 0.0f;
@@ -1735,7 +1848,7 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
         if (group) {
             /* a persistent grid of the resident blocks, or as many as the layout can have
                items (the items are counted on the device: any grid computes them all) */
-            constexpr size_t smem = s_gm_smem<HD, G>();
+            constexpr size_t smem = s_gm_smem<HD, G, T>();
             static int per_sm = 0; /* per instantiation */
             auto gk = s_attn_group_mma_kernel<HD, G, T>;
             if (per_sm == 0) {
