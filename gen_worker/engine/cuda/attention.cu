@@ -1107,34 +1107,42 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
    instead of once a sequence. Before, a GRPO step's decodes read their prompt's rows n times:
    on the H100 (ncu, 16 prompts x 8 samples at a 1k prompt, a layer) L2 kept DRAM at 73 of 549
    MB, but the kernel still moved 631 MB out of L2 and took 156 us, against 200 for as many
-   unshared sequences. The block loads its warps' K rows (as the decode kernel), then for
-   each m-tile of 8 query rows (two members' 4 heads, or one member's 8) runs q.k and the
-   softmax, the p fragments to shared memory; then V, and for each m-tile p.v and the warps'
-   merge into the members' partials (each (row, warp) weight computed once, a warp's outputs 4
-   dims of the 8 rows: 58 -> 45 us a layer against s_warps_merge a element). Every row is
-   computed with the decode kernel's instructions in its order (rows of an mma are
-   independent; G = 4's hi and lo columns become the G = 8 layout's two accumulators, summed
-   the same way; the merge sums the same products in the same order), so a sequence gets the
-   same bits in a group tile as in its own (test_cuda_ops and generate_groups.sh hold the two
-   to that): grouping never changes a result. Only full splits are grouped (the last, partial
-   split of a sequence is its own). A persistent grid: blocks take (group tile, KV head) items
-   in turn, the count read from the plan (a graph step's grid does not depend on it).
-   On the H100 (the same ncu run): 17.5 us (the decode kernel, the sequences' own splits) +
-   45 us (this kernel) against 156 us a layer; the GRPO workload (64 prompts x 8 samples,
-   graphs) 10370 -> 12262 / 12193 tok/s with the same tokens. Measured and left: V loaded with
-   K (162 registers; GRPO x0.99, ncu 84 -> 87 us at a larger step), 4 blocks an SM (128
-   registers; ncu 63.7 -> 58.3 us, GRPO 12127 / 12277 -> 12212 / 12210: level), L2
-   prefetches of the item's V rows and the next item's K and V rows (prefetch.global.L2: at
-   batch 512 the kernel's DRAM reads went 277 -> 415 MB a layer, 214 -> 294 us, GRPO x0.94).
-   In a GRPO step at batch 512 (ncu_step.py --csv) this kernel was 6.8 of 25.0 ms of kernels.
-   ncu's warp-state samples by instruction (--set full, --page source --print-source sass; a
-   layer at batch 512 of 64 x 8 samples, 1k prompts) then put 34 % of the stalls in building
-   q's fragments (each thread's 8 fragments a load of the member's token, then of its q row,
-   one after another) and 30 % in the merge (the same weights read back for each output).
-   Now a thread's q rows are loaded 4 at a time from members staged in shared memory, an
-   item looks up the next one's tile, cache blocks and members while it computes (the plan
-   holds a member's {token, first partial}), and the merge reads a row's weights once:
-   82.6 -> 67.1 us that layer, GRPO 12277 / 12170 -> 12535 / 12591 tok/s (same tokens). */
+   unshared sequences. A block's item is (group tile, KV head): its warps' K rows (as the
+   decode kernel's), then for each m-tile of 8 query rows (two members' 4 heads, or one
+   member's 8) q.k and the softmax, the p fragments to shared memory; then V, and for each
+   m-tile p.v and the warps' merge into the members' partials (each (row, warp) weight
+   computed once, a thread's outputs one row's, a warp's 4 dims of the 8 rows: no bank
+   conflicts). Every row is computed with the decode kernel's instructions in its order
+   (rows of an mma are independent; G = 4's hi and lo columns become the G = 8 layout's two
+   accumulators, summed the same way; the merge sums the same products in the same order),
+   so a sequence gets the same bits in a group tile as in its own (test_cuda_ops and
+   generate_groups.sh hold the two to that): grouping never changes a result. Only full
+   splits are grouped (the last, partial split of a sequence is its own). A persistent grid:
+   blocks take items in turn, the count read from the plan (a graph step's grid does not
+   depend on it). So that an item's loads are not waited on in turn, the K and V rows go
+   through a stage in shared memory (cp.async, a warp's own rows): an item's K rows are
+   copied while the item before runs p.v and its merge, its V rows while it runs q.k; the
+   next item's tile, cache blocks and members (the plan holds a member's {token, first
+   partial}) are looked up while an item computes, and an item's first q rows' loads go out
+   before it waits for its K rows.
+   On the H100: the first version (ncu, 16 prompts x 8 samples at a 1k prompt, a layer) took
+   17.5 us (the decode kernel, the sequences' own splits) + 45 us (this kernel) against 156
+   us; the GRPO workload (64 prompts x 8 samples, graphs) 10370 -> 12262 / 12193 tok/s with
+   the same tokens. ncu's warp-state samples by instruction (--set full, --page source
+   --print-source sass; batch 512 of 64 x 8 samples, 1k prompts) then put 34 % of the stalls
+   in building q's fragments (each thread's 8 a load of the member's token, then of its q
+   row, one after another), 30 % in the merge (a row's weights read back for every output),
+   most of the rest in the waits for K, then V. Each change measured (ncu, the mean of a
+   step's 32 launches at batch 512; GRPO, bf16 KV, against the first version in the same
+   session): q rows 4 loads at a time, the next item's lookups during an item, a row's
+   weights read once: 79.4 -> 60.1 us, GRPO 12277 / 12170 -> 12702 / 12704 tok/s; the stage:
+   58.9 us, 12770 / 12719; the first q loads before the K wait: 58.1 us, 12858 / 12892
+   against 12382 / 12371 (x1.04); with fp8 KV 13557 / 13545 against 12386 / 12368 (x1.09).
+   A first stage of each lane's own fragment pieces (16-byte cp.async.cg at a 64-byte
+   stride: each 32-byte sector fetched twice from L2) lost: one launch 82.6 -> 87.4 us, GRPO
+   x0.99. Measured and left before: V loaded with K (162 registers; GRPO x0.99), 4 blocks an
+   SM (level), L2 prefetches of the item's V and the next item's K and V rows
+   (prefetch.global.L2: DRAM 277 -> 415 MB a layer at batch 512, GRPO x0.94). */
 /* The group kernel's dynamic shared memory: the p fragments (pf), then q's fragments (qf,
    the q.k phase) and the warps' results (wo, the merge) in the same bytes, then the stage */
 template <int HD, int G> static __host__ __device__ constexpr size_t s_gm_qfwo()
@@ -1268,7 +1276,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     __shared__ float wm[NP][ECU_ATTN_WARPS][8], wl[NP][ECU_ATTN_WARPS][8];
     __shared__ float fw[NP][8][ECU_ATTN_WARPS]; /* the merge's weights */
     __shared__ long long rpi[NP][8];            /* the rows' partials (-1: no member) */
-    __shared__ int2 mem[ECU_ATTN_GMAX];         /* the item's members */
+    __shared__ int2 mem[2][ECU_ATTN_GMAX];      /* the item's members, the next's */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     const size_t kv_row = (size_t)n_kv_head * HD;
     unsigned char *wst = (unsigned char *)(pf + NP) + s_gm_qfwo<HD, G>() +
@@ -1300,25 +1308,20 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     int pos = pos_of(gt, blk);
     if ((int)blockIdx.x < n_items)
         s_gm_stage<HD, T>(wst, k_cache, blockIdx.x % n_kv_head, kv_row, pos);
-    /* an item's K rows are copied into the stage while the item before runs p.v and its
-       merge, its V rows while it builds q's fragments and runs q.k */
-    for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
+    if (threadIdx.x < ECU_ATTN_GMAX)
+        mem[0][threadIdx.x] = mine;
+    __syncthreads();
+    /* An item's K rows are copied into the stage while the item before runs p.v and its
+       merge, its V rows while it builds q's fragments and runs q.k. Its members are in
+       shared memory before it starts (written during the item before), so its first q rows'
+       loads go out first, over the wait for its K rows. */
+    for (int item = blockIdx.x, it = 0; item < n_items; item += gridDim.x, it ^= 1) {
         const int kvh = item % n_kv_head, nm = gt.z, np = (nm + MQ - 1) / MQ;
-        unsigned kw[4][D::KW];
-        s_gm_stage_wait();
-        s_gm_get_k<HD, T>(kw, wst);
-        const int next = item + gridDim.x;
-        const int4 gtn = next < n_items ? gtiles[next / n_kv_head] : make_int4(0, 0, 0, 0);
-        __syncthreads(); /* the item before is done with shared memory; K is read */
-        if (threadIdx.x < ECU_ATTN_GMAX)
-            mem[threadIdx.x] = mine;
-        s_gm_stage<HD, T>(wst, v_cache, kvh, kv_row, pos);
-        __syncthreads();
-        /* m-tile j, row gg: member j MQ + gg / G, head gg % G (rows of absent members zero);
-           QB rows' loads in flight at once */
-#pragma unroll
-        for (int r0 = 0; r0 < QI; r0 += QB) {
-            float4 v[QB];
+        const int2 *im = mem[it];
+        /* m-tile j, row gg: member j MQ + gg / G, head gg % G (rows of absent members
+           zero); QB rows' loads in flight at once */
+        float4 v[QB];
+        auto q_load = [&](int r0) {
 #pragma unroll
             for (int r = 0; r < QB; r++) {
                 const int idx = (int)threadIdx.x + (r0 + r) * NT;
@@ -1327,9 +1330,22 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                 v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 if (m < nm)
                     v[r] =
-                        *(const float4 *)(q + ((size_t)mem[m].x * n_head + kvh * G + gg % G) * HD +
+                        *(const float4 *)(q + ((size_t)im[m].x * n_head + kvh * G + gg % G) * HD +
                                           (ln & 3) * D::DQ + 4 * s);
             }
+        };
+        q_load(0);
+        unsigned kw[4][D::KW];
+        s_gm_stage_wait();
+        s_gm_get_k<HD, T>(kw, wst);
+        const int next = item + gridDim.x;
+        const int4 gtn = next < n_items ? gtiles[next / n_kv_head] : make_int4(0, 0, 0, 0);
+        __syncthreads(); /* the item before is done with shared memory; K is read */
+        s_gm_stage<HD, T>(wst, v_cache, kvh, kv_row, pos);
+#pragma unroll
+        for (int r0 = 0; r0 < QI; r0 += QB) {
+            if (r0 > 0)
+                q_load(r0);
 #pragma unroll
             for (int r = 0; r < QB; r++) {
                 const int idx = (int)threadIdx.x + (r0 + r) * NT;
@@ -1381,11 +1397,15 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                     sum += wl[j][w][qg] * f;
             }
             const long long pi =
-                m < nm ? (long long)(mem[m].y + gt.y) * n_head + kvh * G + qg % G : -1;
+                m < nm ? (long long)(im[m].y + gt.y) * n_head + kvh * G + qg % G : -1;
             rpi[j][qg] = pi;
             if (pi >= 0)
                 part_ml[pi] = make_float2(mx, sum);
         }
+        /* the next item's members (read after the item's last q rows: the __syncthreads in
+           the merge below publish them) */
+        if (threadIdx.x < ECU_ATTN_GMAX)
+            mem[it ^ 1][threadIdx.x] = mine;
         for (int j = 0; j < np; j++) {
             unsigned ph[2][2], pl[2][2];
 #pragma unroll
