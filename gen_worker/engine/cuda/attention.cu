@@ -60,12 +60,14 @@
    positions, all in the context) of a decode sequence joins the group of the first sequence
    seen with the same cache blocks for that split (a hash on (split, first block), then the
    whole block range compared), up to ECU_ATTN_GMAX members a group; groups of two or more
-   become group tiles {seq, split, n, first member} (gt) with their members' tokens (gmem), and
-   their members' decode tiles are flagged (tile_grp). dec_tile[s] is sequence s's first decode
+   become group tiles {seq, split, n, first member} (gt) with their members' {token, first
+   partial} pairs (gmem; tok_part is filled before), and their members' decode tiles are
+   flagged (tile_grp). dec_tile[s] is sequence s's first decode
    tile (-1: not a decode). Returns the number of group tiles (at most max_gt), or -ENOMEM. */
 static int s_plan_groups(const eng_attn_batch_t *b,
                          int bs,
                          const int32_t *dec_tile,
+                         const int32_t *tok_part,
                          int32_t *tile_grp,
                          int32_t *gt,
                          int32_t *gmem,
@@ -134,7 +136,8 @@ static int s_plan_groups(const eng_attn_batch_t *b,
         o[0] = c->seq, o[1] = c->split, o[2] = c->n, o[3] = nm;
         for (int m = 0; m < c->n; m++) {
             const int s = c->mem[m];
-            gmem[nm++] = b->q_start[s];
+            gmem[2 * nm] = b->q_start[s], gmem[2 * nm + 1] = tok_part[b->q_start[s]];
+            nm++;
             tile_grp[dec_tile[s] + c->split] = 1;
         }
     }
@@ -188,17 +191,19 @@ int ecu_attn_plan(ecu_state_t *st,
     }
     const int max_gt = st->attn_group && block_size > 0 ? n_dec / 2 : 0;
     size_t words = (size_t)4 * n_tiles + (size_t)4 * max_gt + 2 * (size_t)n_tok + (n_seq + 1) +
-                   n_seq + (size_t)n_seq * b->max_blocks + 2 * (size_t)n_dec + 1;
+                   n_seq + (size_t)n_seq * b->max_blocks + 3 * (size_t)n_dec + 1;
     int32_t *h = (int32_t *)malloc(words * sizeof(int32_t));
     int32_t *dec_tile = (int32_t *)malloc((size_t)n_seq * sizeof(int32_t));
     if (!h || !dec_tile) {
         free(h), free(dec_tile);
         return -ENOMEM;
     }
-    int32_t *tiles = h, *gt = h + 4 * (size_t)n_tiles, *tok_part = gt + 4 * (size_t)max_gt;
+    /* gmem's int2 pairs 8-byte aligned: they follow the int4 arrays */
+    int32_t *tiles = h, *gt = h + 4 * (size_t)n_tiles, *gmem = gt + 4 * (size_t)max_gt;
+    int32_t *tok_part = gmem + 2 * (size_t)n_dec;
     int32_t *tok_nsplit = tok_part + n_tok, *qs = tok_nsplit + n_tok, *ctx = qs + n_seq + 1;
     int32_t *tables = ctx + n_seq, *tile_grp = tables + (size_t)n_seq * b->max_blocks;
-    int32_t *gmem = tile_grp + n_dec, *gcount = gmem + n_dec;
+    int32_t *gcount = tile_grp + n_dec;
     int ti = 0, part = 0;
     /* graph layout: gs tiles per sequence, those past its context empty (n_q 0) */
     for (int s = 0; s < n_seq && gs > 0; s++) {
@@ -240,7 +245,9 @@ int ecu_attn_plan(ecu_state_t *st,
     memcpy(ctx, b->ctx_len, (size_t)n_seq * 4);
     memcpy(tables, b->block_tables, (size_t)n_seq * b->max_blocks * 4);
     memset(tile_grp, 0, (size_t)n_dec * 4);
-    int n_gt = max_gt > 0 ? s_plan_groups(b, block_size, dec_tile, tile_grp, gt, gmem, max_gt) : 0;
+    int n_gt = max_gt > 0
+                   ? s_plan_groups(b, block_size, dec_tile, tok_part, tile_grp, gt, gmem, max_gt)
+                   : 0;
     free(dec_tile);
     if (n_gt < 0) {
         free(h);
@@ -264,14 +271,14 @@ int ecu_attn_plan(ecu_state_t *st,
     st->group_plans += n_gt > 0, st->group_tiles += n_gt;
     p->tiles = (int4 *)d;
     p->gtiles = (int4 *)(d + 4 * (size_t)n_tiles);
-    p->tok_part = d + 4 * (size_t)n_tiles + 4 * (size_t)max_gt;
+    p->gmembers = (int2 *)(d + 4 * (size_t)n_tiles + 4 * (size_t)max_gt);
+    p->tok_part = (int *)(p->gmembers + n_dec);
     p->tok_nsplit = p->tok_part + n_tok;
     p->seq_qstart = p->tok_nsplit + n_tok;
     p->seq_ctx = p->seq_qstart + n_seq + 1;
     p->block_tables = p->seq_ctx + n_seq;
     p->tile_grp = p->block_tables + (size_t)n_seq * b->max_blocks;
-    p->gmembers = p->tile_grp + n_dec;
-    p->gcount = p->gmembers + n_dec;
+    p->gcount = p->tile_grp + n_dec;
     *plan_out = p;
     return 0;
 }
@@ -865,16 +872,19 @@ static __device__ __forceinline__ void s_dm_load_v(unsigned (&vw)[2][2][2][s_dm<
 
 /* q.k's A fragment of k-step s for lane quarter tt of query row x (NULL: a zero row): {hi, lo}
    of dims (4 s, 4 s + 1) then of (4 s + 2, 4 s + 3) of the quarter */
+template <typename T> static __device__ __forceinline__ uint4 s_dm_qfrag_v(float4 v, float scale)
+{
+    uint4 f;
+    s_hilo<T>(v.x * scale, v.y * scale, f.x, f.y);
+    s_hilo<T>(v.z * scale, v.w * scale, f.z, f.w);
+    return f;
+}
+
 template <int HD, typename T>
 static __device__ __forceinline__ uint4 s_dm_qfrag(const float *x, int s, int tt, float scale)
 {
-    uint4 f = make_uint4(0, 0, 0, 0);
-    if (x) {
-        const float4 v = *(const float4 *)(x + tt * s_dm<HD, T>::DQ + 4 * s);
-        s_hilo<T>(v.x * scale, v.y * scale, f.x, f.y);
-        s_hilo<T>(v.z * scale, v.w * scale, f.z, f.w);
-    }
-    return f;
+    return x ? s_dm_qfrag_v<T>(*(const float4 *)(x + tt * s_dm<HD, T>::DQ + 4 * s), scale)
+             : make_uint4(0, 0, 0, 0);
 }
 
 /* q.k: four n-tiles of 8 keys against the fragments qf[KS][32] */
@@ -1097,33 +1107,143 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
    instead of once a sequence. Before, a GRPO step's decodes read their prompt's rows n times:
    on the H100 (ncu, 16 prompts x 8 samples at a 1k prompt, a layer) L2 kept DRAM at 73 of 549
    MB, but the kernel still moved 631 MB out of L2 and took 156 us, against 200 for as many
-   unshared sequences. The block loads its warps' K rows (as the decode kernel), then for
-   each m-tile of 8 query rows (two members' 4 heads, or one member's 8) runs q.k and the
-   softmax, the p fragments to shared memory; then V, and for each m-tile p.v and the warps'
-   merge into the members' partials (each (row, warp) weight computed once, a warp's outputs 4
-   dims of the 8 rows: 58 -> 45 us a layer against s_warps_merge a element). Every row is
-   computed with the decode kernel's instructions in its order (rows of an mma are
-   independent; G = 4's hi and lo columns become the G = 8 layout's two accumulators, summed
-   the same way; the merge sums the same products in the same order), so a sequence gets the
-   same bits in a group tile as in its own (test_cuda_ops and generate_groups.sh hold the two
-   to that): grouping never changes a result. Only full splits are grouped (the last, partial
-   split of a sequence is its own). A persistent grid: blocks take (group tile, KV head) items
-   in turn, the count read from the plan (a graph step's grid does not depend on it).
-   On the H100 (the same ncu run): 17.5 us (the decode kernel, the sequences' own splits) +
-   45 us (this kernel) against 156 us a layer; the GRPO workload (64 prompts x 8 samples,
-   graphs) 10370 -> 12262 / 12193 tok/s with the same tokens. Measured and left: V loaded with
-   K (162 registers; GRPO x0.99, ncu 84 -> 87 us at a larger step), 4 blocks an SM (128
-   registers; ncu 63.7 -> 58.3 us, GRPO 12127 / 12277 -> 12212 / 12210: level), L2
-   prefetches of the item's V rows and the next item's K and V rows (prefetch.global.L2: at
-   batch 512 the kernel's DRAM reads went 277 -> 415 MB a layer, 214 -> 294 us, GRPO x0.94).
-   In a GRPO step at batch 512 (ncu_step.py --csv) this kernel is 6.8 of 25.0 ms of kernels,
-   213 us a layer at 1.57 TB/s: the stalls are mostly long scoreboard (each item's K, then
-   its V, waited on in turn), the next step is to keep an item's loads in flight while the
-   item before computes (cp.async staging). */
-template <int HD, int G> static constexpr size_t s_gm_smem()
+   unshared sequences. A block's item is (group tile, KV head): its warps' K rows (as the
+   decode kernel's), then for each m-tile of 8 query rows (two members' 4 heads, or one
+   member's 8) q.k and the softmax, the p fragments to shared memory; then V, and for each
+   m-tile p.v and the warps' merge into the members' partials (each (row, warp) weight
+   computed once, a thread's outputs one row's, a warp's 4 dims of the 8 rows: no bank
+   conflicts). Every row is computed with the decode kernel's instructions in its order
+   (rows of an mma are independent; G = 4's hi and lo columns become the G = 8 layout's two
+   accumulators, summed the same way; the merge sums the same products in the same order),
+   so a sequence gets the same bits in a group tile as in its own (test_cuda_ops and
+   generate_groups.sh hold the two to that): grouping never changes a result. Only full
+   splits are grouped (the last, partial split of a sequence is its own). A persistent grid:
+   blocks take items in turn, the count read from the plan (a graph step's grid does not
+   depend on it). So that an item's loads are not waited on in turn, the K and V rows go
+   through a stage in shared memory (cp.async, a warp's own rows): an item's K rows are
+   copied while the item before runs p.v and its merge, its V rows while it runs q.k; the
+   next item's tile, cache blocks and members (the plan holds a member's {token, first
+   partial}) are looked up while an item computes, and an item's first q rows' loads go out
+   before it waits for its K rows.
+   On the H100: the first version (ncu, 16 prompts x 8 samples at a 1k prompt, a layer) took
+   17.5 us (the decode kernel, the sequences' own splits) + 45 us (this kernel) against 156
+   us; the GRPO workload (64 prompts x 8 samples, graphs) 10370 -> 12262 / 12193 tok/s with
+   the same tokens. ncu's warp-state samples by instruction (--set full, --page source
+   --print-source sass; batch 512 of 64 x 8 samples, 1k prompts) then put 34 % of the stalls
+   in building q's fragments (each thread's 8 a load of the member's token, then of its q
+   row, one after another), 30 % in the merge (a row's weights read back for every output),
+   most of the rest in the waits for K, then V. Each change measured (ncu, the mean of a
+   step's 32 launches at batch 512; GRPO, bf16 KV, against the first version in the same
+   session): q rows 4 loads at a time, the next item's lookups during an item, a row's
+   weights read once: 79.4 -> 60.1 us, GRPO 12277 / 12170 -> 12702 / 12704 tok/s; the stage:
+   58.9 us, 12770 / 12719; the first q loads before the K wait: 58.1 us, 12858 / 12892
+   against 12382 / 12371 (x1.04); with fp8 KV 13557 / 13545 against 12386 / 12368 (x1.09).
+   A first stage of each lane's own fragment pieces (16-byte cp.async.cg at a 64-byte
+   stride: each 32-byte sector fetched twice from L2) lost: one launch 82.6 -> 87.4 us, GRPO
+   x0.99. Measured and left before: V loaded with K (162 registers; GRPO x0.99), 4 blocks an
+   SM (level), L2 prefetches of the item's V and the next item's K and V rows
+   (prefetch.global.L2: DRAM 277 -> 415 MB a layer at batch 512, GRPO x0.94). */
+/* The group kernel's dynamic shared memory: the p fragments (pf), then q's fragments (qf,
+   the q.k phase) and the warps' results (wo, the merge) in the same bytes, then the stage */
+template <int HD, int G> static __host__ __device__ constexpr size_t s_gm_qfwo()
 {
-    return (size_t)G * (HD / 16) * 32 * 16 + (size_t)G * ECU_ATTN_WARPS * 8 * 32 * 4 +
-           (size_t)ECU_ATTN_WARPS * 8 * (HD / 8 * 8 + 8) * 4;
+    return (size_t)G * (HD / 16) * 32 * 16 > (size_t)ECU_ATTN_WARPS * 8 * (HD / 8 * 8 + 8) * 4
+               ? (size_t)G * (HD / 16) * 32 * 16
+               : (size_t)ECU_ATTN_WARPS * 8 * (HD / 8 * 8 + 8) * 4;
+}
+template <int HD, int G, typename T> static constexpr size_t s_gm_smem()
+{
+    return (size_t)G * ECU_ATTN_WARPS * 8 * 32 * 4 + s_gm_qfwo<HD, G>() +
+           (size_t)ECU_ATTN_WARPS * 32 * HD * sizeof(T);
+}
+
+/* The group kernel's stage: a warp's 32 K (or V) rows of one KV head (R = HD sizeof(T)
+   bytes each) in shared memory, copied by the warp with cp.async in 16-byte pieces (lanes
+   on consecutive pieces of a row), piece c of row r at r R + 16 s_stage_swz(r, c): the
+   swizzle puts the 8 lanes of a quarter warp on different banks when they read their
+   fragments back (s_dm_load_k / s_dm_load_v's rows: K pieces tig R / 4 of rows 8 t + g, V
+   pieces g R / 8 of rows 16 s + 8 h + 2 tig + c). After cp.async.wait_group a __syncwarp
+   shows a lane the others' pieces; a __syncthreads lies between the reads of one item's
+   rows and the copies of the next ones into the same bytes. */
+template <int NC> static __device__ __forceinline__ int s_stage_swz(int r, int c)
+{
+    if constexpr (NC >= 16)
+        return c ^ (((r ^ (r >> 1)) & 1) | ((r >> 2 & 1) << 2) | ((c >> 3 & 1) << 1));
+    else if constexpr (NC == 8)
+        return c ^ (r & 7);
+    else
+        return c ^ (r >> 1 & 3);
+}
+
+template <int HD, typename T>
+static __device__ __forceinline__ void
+s_gm_stage(unsigned char *wst, const T *cache, int kvh, size_t kv_row, int pos)
+{
+    constexpr int R = HD * (int)sizeof(T), NC = R / 16;
+    const int lane = threadIdx.x & 31;
+    const char *base = (const char *)(cache + (size_t)kvh * HD);
+#pragma unroll
+    for (int k = 0; k < NC; k++) {
+        const int idx = lane + 32 * k, r = idx / NC, c = idx % NC;
+        const int p = __shfl_sync(0xffffffffu, pos, r);
+        const unsigned dst =
+            (unsigned)__cvta_generic_to_shared(wst + r * R + s_stage_swz<NC>(r, c) * 16);
+        const char *src = base + (size_t)p * kv_row * sizeof(T) + c * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void s_gm_stage_wait()
+{
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncwarp();
+}
+
+template <int HD, typename T>
+static __device__ __forceinline__ void s_gm_get_k(unsigned (&kw)[4][s_dm<HD, T>::KW],
+                                                  const unsigned char *wst)
+{
+    constexpr int R = HD * (int)sizeof(T), NC = R / 16;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int i = 0; i < NC / 4; i++) {
+            const int r = 8 * t + g, c = tig * (NC / 4) + i;
+            const uint4 u = *(const uint4 *)(wst + r * R + s_stage_swz<NC>(r, c) * 16);
+            kw[t][4 * i] = u.x, kw[t][4 * i + 1] = u.y, kw[t][4 * i + 2] = u.z,
+                      kw[t][4 * i + 3] = u.w;
+        }
+}
+
+template <int HD, typename T>
+static __device__ __forceinline__ void s_gm_get_v(unsigned (&vw)[2][2][2][s_dm<HD, T>::VW],
+                                                  const unsigned char *wst)
+{
+    constexpr int R = HD * (int)sizeof(T), NC = R / 16;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int r = 16 * s + 8 * h + 2 * tig + c;
+                unsigned *w = vw[s][h][c];
+                if constexpr (R / 8 >= 16) {
+#pragma unroll
+                    for (int i = 0; i < R / 128; i++) {
+                        const int cc = g * (NC / 8) + i;
+                        const uint4 u = *(const uint4 *)(wst + r * R + s_stage_swz<NC>(r, cc) * 16);
+                        w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
+                    }
+                } else { /* 8 bytes: half a piece */
+                    const uint2 u = *(const uint2 *)(wst + r * R + s_stage_swz<NC>(r, g >> 1) * 16 +
+                                                     (g & 1) * 8);
+                    w[0] = u.x, w[1] = u.y;
+                }
+            }
 }
 
 template <int HD, int G, typename T>
@@ -1133,8 +1253,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                             const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
                             const int4 *gtiles /* (n_gt) {seq, split, n, first member} */,
                             const int *gcount /* (1) n_gt */,
-                            const int *gmembers /* the members' tokens */,
-                            const int *tok_part /* (n_tok) */,
+                            const int2 *gmembers /* the members' {token, first partial} */,
                             const int *block_tables /* (n_seq, mb) */,
                             int max_blocks,
                             int block_size,
@@ -1146,37 +1265,94 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
 {
     static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
     using D = s_dm<HD, T>;
-    constexpr int KS = D::KS, DV = D::DV, MT = D::MT, WS = D::WS;
+    constexpr int KS = D::KS, DV = D::DV, MT = D::MT, WS = D::WS, NT = ECU_ATTN_WARPS * 32;
     constexpr int MQ = 8 / G, NP = ECU_ATTN_GMAX / MQ; /* members an m-tile; m-tiles */
+    constexpr int QI = NP * KS * 32 / NT, QB = QI < 4 ? QI : 4; /* q fragments a thread */
+    static_assert(NP * KS * 32 % NT == 0 && QI % QB == 0, "q fragments split evenly");
     extern __shared__ __align__(16) unsigned char gm_smem[];
-    uint4(*qf)[KS][32] = (uint4(*)[KS][32])gm_smem; /* [NP] */
-    unsigned(*pf)[ECU_ATTN_WARPS][8][32] = (unsigned(*)[ECU_ATTN_WARPS][8][32])(qf + NP);
-    float(*wo)[8 * WS] = (float(*)[8 * WS])(pf + NP); /* [warps] */
+    unsigned(*pf)[ECU_ATTN_WARPS][8][32] = (unsigned(*)[ECU_ATTN_WARPS][8][32])gm_smem; /* [NP] */
+    uint4(*qf)[KS][32] = (uint4(*)[KS][32])(pf + NP); /* [NP], the q.k phase */
+    float(*wo)[8 * WS] = (float(*)[8 * WS])(pf + NP); /* [warps], the merge: qf's bytes */
     __shared__ float wm[NP][ECU_ATTN_WARPS][8], wl[NP][ECU_ATTN_WARPS][8];
     __shared__ float fw[NP][8][ECU_ATTN_WARPS]; /* the merge's weights */
     __shared__ long long rpi[NP][8];            /* the rows' partials (-1: no member) */
+    __shared__ int2 mem[2][ECU_ATTN_GMAX];      /* the item's members, the next's */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     const size_t kv_row = (size_t)n_kv_head * HD;
+    unsigned char *wst = (unsigned char *)(pf + NP) + s_gm_qfwo<HD, G>() +
+                         (size_t)warp * 32 * HD * sizeof(T); /* the warp's stage */
     ecu_pdl_trigger();
-    const int n_items = *gcount * n_kv_head; /* the plan: uploaded before the step */
+    /* The plan (uploaded before the step, so read before the PDL wait) of the block's first
+       item; each item then looks up the next one's while it computes, so an item starts
+       with its K rows' loads, not with three lookups in turn (tile, block table, members):
+       a lane's cache block of its key (of a full split), threads < GMAX their member */
+    const int n_items = *gcount * n_kv_head;
+    auto blk_of = [&](int4 t) {
+        const int key = t.y * ECU_ATTN_SPLIT + warp * 32 + lane;
+        return block_tables[(size_t)t.x * max_blocks + key / block_size];
+    };
+    auto mem_of = [&](int4 t) {
+        return (int)threadIdx.x < t.z ? gmembers[t.w + threadIdx.x] : make_int2(-1, -1);
+    };
+    int4 gt = make_int4(0, 0, 0, 0);
+    int blk = 0;
+    int2 mine = make_int2(-1, -1);
+    if ((int)blockIdx.x < n_items) {
+        gt = gtiles[blockIdx.x / n_kv_head];
+        blk = blk_of(gt), mine = mem_of(gt);
+    }
+    auto pos_of = [&](int4 t, int b) {
+        return b * block_size + (t.y * ECU_ATTN_SPLIT + warp * 32 + lane) % block_size;
+    };
     ecu_pdl_wait(); /* every block waits: this kernel's end implies the one before's */
-    for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const int4 gt = gtiles[item / n_kv_head];
+    int pos = pos_of(gt, blk);
+    if ((int)blockIdx.x < n_items)
+        s_gm_stage<HD, T>(wst, k_cache, blockIdx.x % n_kv_head, kv_row, pos);
+    if (threadIdx.x < ECU_ATTN_GMAX)
+        mem[0][threadIdx.x] = mine;
+    __syncthreads();
+    /* An item's K rows are copied into the stage while the item before runs p.v and its
+       merge, its V rows while it builds q's fragments and runs q.k. Its members are in
+       shared memory before it starts (written during the item before), so its first q rows'
+       loads go out first, over the wait for its K rows. */
+    for (int item = blockIdx.x, it = 0; item < n_items; item += gridDim.x, it ^= 1) {
         const int kvh = item % n_kv_head, nm = gt.z, np = (nm + MQ - 1) / MQ;
-        const int key = gt.y * ECU_ATTN_SPLIT + warp * 32 + lane; /* a full split */
-        const int *table = block_tables + (size_t)gt.x * max_blocks;
-        const int pos = table[key / block_size] * block_size + key % block_size;
+        const int2 *im = mem[it];
+        /* m-tile j, row gg: member j MQ + gg / G, head gg % G (rows of absent members
+           zero); QB rows' loads in flight at once */
+        float4 v[QB];
+        auto q_load = [&](int r0) {
+#pragma unroll
+            for (int r = 0; r < QB; r++) {
+                const int idx = (int)threadIdx.x + (r0 + r) * NT;
+                const int j = idx / (KS * 32), s = (idx >> 5) % KS, ln = idx & 31, gg = ln >> 2;
+                const int m = j * MQ + gg / G;
+                v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (m < nm)
+                    v[r] =
+                        *(const float4 *)(q + ((size_t)im[m].x * n_head + kvh * G + gg % G) * HD +
+                                          (ln & 3) * D::DQ + 4 * s);
+            }
+        };
+        q_load(0);
         unsigned kw[4][D::KW];
-        s_dm_load_k<HD, T>(kw, k_cache, kvh, kv_row, pos, 32);
-        __syncthreads(); /* the item before is done with shared memory */
-        /* m-tile j, row gg: member j MQ + gg / G, head gg % G (rows of absent members zero) */
-        for (int idx = threadIdx.x; idx < np * KS * 32; idx += blockDim.x) {
-            const int j = idx / (KS * 32), s = (idx >> 5) % KS, ln = idx & 31, gg = ln >> 2;
-            const int m = j * MQ + gg / G;
-            const float *x = m < nm
-                                 ? q + ((size_t)gmembers[gt.w + m] * n_head + kvh * G + gg % G) * HD
-                                 : nullptr;
-            qf[j][s][ln] = s_dm_qfrag<HD, T>(x, s, ln & 3, scale);
+        s_gm_stage_wait();
+        s_gm_get_k<HD, T>(kw, wst);
+        const int next = item + gridDim.x;
+        const int4 gtn = next < n_items ? gtiles[next / n_kv_head] : make_int4(0, 0, 0, 0);
+        __syncthreads(); /* the item before is done with shared memory; K is read */
+        s_gm_stage<HD, T>(wst, v_cache, kvh, kv_row, pos);
+#pragma unroll
+        for (int r0 = 0; r0 < QI; r0 += QB) {
+            if (r0 > 0)
+                q_load(r0);
+#pragma unroll
+            for (int r = 0; r < QB; r++) {
+                const int idx = (int)threadIdx.x + (r0 + r) * NT;
+                const int j = idx / (KS * 32), s = (idx >> 5) % KS, ln = idx & 31, gg = ln >> 2;
+                qf[j][s][ln] =
+                    j * MQ + gg / G < nm ? s_dm_qfrag_v<T>(v[r], scale) : make_uint4(0, 0, 0, 0);
+            }
         }
         __syncthreads();
         for (int j = 0; j < np; j++) {
@@ -1194,11 +1370,19 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
             if ((lane & 3) == 0)
                 wm[j][warp][g] = mx, wl[j][warp][g] = l;
         }
+        /* the next item's cache blocks and members (its tile has arrived by now) */
+        if (next < n_items)
+            blk = blk_of(gtn), mine = mem_of(gtn);
         unsigned vw[2][2][2][D::VW];
-        s_dm_load_v<HD, T>(vw, v_cache, kvh, kv_row, pos, 32);
+        s_gm_stage_wait();
+        s_gm_get_v<HD, T>(vw, wst);
         /* s_warps_merge's weights, once a (row, warp): exp(max_w - max) as it computes them
            (so the same bits), the row's {max, sum}, and where its partial goes */
-        __syncthreads(); /* every warp's (max, sum) of every m-tile */
+        __syncthreads(); /* every warp's (max, sum) of every m-tile; V is read */
+        if (next < n_items) {
+            pos = pos_of(gtn, blk);
+            s_gm_stage<HD, T>(wst, k_cache, next % n_kv_head, kv_row, pos);
+        }
         if (threadIdx.x < np * 8) {
             const int j = threadIdx.x >> 3, qg = threadIdx.x & 7, m = j * MQ + qg / G;
             float mx = -INFINITY, sum = 0.0f;
@@ -1213,13 +1397,15 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                     sum += wl[j][w][qg] * f;
             }
             const long long pi =
-                m < nm
-                    ? (long long)(tok_part[gmembers[gt.w + m]] + gt.y) * n_head + kvh * G + qg % G
-                    : -1;
+                m < nm ? (long long)(im[m].y + gt.y) * n_head + kvh * G + qg % G : -1;
             rpi[j][qg] = pi;
             if (pi >= 0)
                 part_ml[pi] = make_float2(mx, sum);
         }
+        /* the next item's members (read after the item's last q rows: the __syncthreads in
+           the merge below publish them) */
+        if (threadIdx.x < ECU_ATTN_GMAX)
+            mem[it ^ 1][threadIdx.x] = mine;
         for (int j = 0; j < np; j++) {
             unsigned ph[2][2], pl[2][2];
 #pragma unroll
@@ -1233,22 +1419,31 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
             __syncthreads(); /* the weights are in; m-tile j - 1's merge is done with wo */
             s_dm_wo<HD, T, true>(wo[warp], oacc, oacc2);
             __syncthreads();
-            /* a warp's 32 outputs: 4 dims of the 8 rows (wo's words in a row, no bank
-               conflicts); the sum of s_warps_merge in its order */
-            for (int idx = threadIdx.x; idx < 8 * HD; idx += blockDim.x) {
-                const int qg = idx & 7, d = idx >> 3;
-                const long long pi = rpi[j][qg];
-                if (pi < 0)
-                    continue;
+            /* a thread's outputs: row qg (fixed: NT is a multiple of 8), dims threadIdx.x / 8
+               + NT / 8 i; a warp's 32 are 4 dims of the 8 rows (wo's words in a row, no bank
+               conflicts). The sum of s_warps_merge in its order. */
+            const int qg = threadIdx.x & 7;
+            const long long pi = rpi[j][qg];
+            if (pi < 0)
+                continue;
+            float f[ECU_ATTN_WARPS];
+            bool ok[ECU_ATTN_WARPS];
+#pragma unroll
+            for (int w = 0; w < ECU_ATTN_WARPS; w++)
+                f[w] = fw[j][qg][w], ok[w] = wm[j][w][qg] != -INFINITY;
+#pragma unroll
+            for (int i = 0; i < HD * 8 / NT; i++) {
+                const int d = (threadIdx.x >> 3) + i * (NT / 8);
                 const int at2 = (d / DV) * WS + (d % DV) * 8 + qg;
                 float acc = 0.0f;
 #pragma unroll
                 for (int w = 0; w < ECU_ATTN_WARPS; w++)
-                    if (wm[j][w][qg] != -INFINITY)
-                        acc += wo[w][at2] * fw[j][qg][w];
+                    if (ok[w])
+                        acc += wo[w][at2] * f[w];
                 part_o[(size_t)pi * HD + d] = acc;
             }
         }
+        gt = gtn;
     }
 }
 
@@ -1673,7 +1868,7 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
         if (group) {
             /* a persistent grid of the resident blocks, or as many as the layout can have
                items (the items are counted on the device: any grid computes them all) */
-            constexpr size_t smem = s_gm_smem<HD, G>();
+            constexpr size_t smem = s_gm_smem<HD, G, T>();
             static int per_sm = 0; /* per instantiation */
             auto gk = s_attn_group_mma_kernel<HD, G, T>;
             if (per_sm == 0) {
@@ -1685,12 +1880,12 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
             }
             const long items = (long)p->max_gt * n_kv_head;
             const long most = (long)st->n_sm * per_sm;
-            ECU_CHECK(ecu_launch(
-                st, gk, dim3((unsigned)(items < most ? items : most)), dim3(ECU_ATTN_WARPS * 32),
-                smem, q, (const T *)kc, (const T *)vc, (const int4 *)p->gtiles,
-                (const int *)p->gcount, (const int *)p->gmembers, (const int *)p->tok_part,
-                (const int *)p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, scale,
-                (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr));
+            ECU_CHECK(ecu_launch(st, gk, dim3((unsigned)(items < most ? items : most)),
+                                 dim3(ECU_ATTN_WARPS * 32), smem, q, (const T *)kc, (const T *)vc,
+                                 (const int4 *)p->gtiles, (const int *)p->gcount,
+                                 (const int2 *)p->gmembers, (const int *)p->block_tables,
+                                 p->max_blocks, block_size, n_head, n_kv_head, scale,
+                                 (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr));
         }
     return 0;
 }

@@ -109,7 +109,7 @@ typedef struct {
     int4 *tiles;        /* (n_tiles) {seq, tok_begin, n_q, split} device: decode tiles first */
     int4 *gtiles;       /* (max_gt) {seq, split, n_members, first member} device */
     int *gcount;        /* (1) n_gt device */
-    int *gmembers;      /* (n_dec_tiles) the group tiles' member tokens device */
+    int2 *gmembers;     /* (n_dec_tiles) the group tiles' members {token, first partial} device */
     int *tile_grp;      /* (n_dec_tiles) 1: the decode tile's split is in a group tile device */
     int *tok_part;      /* (n_tok) first partial of each token device */
     int *tok_nsplit;    /* (n_tok) device */
