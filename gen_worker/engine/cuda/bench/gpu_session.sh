@@ -90,6 +90,9 @@
 #                off, on: tok/s and the tokens' hash (the same bits: the same hash)
 #   kernels_group ncu: the decode attention of a GRPO step (16 prompts x 8 samples at a 1k
 #                prompt, 4 layers) with the group tiles and without: time, DRAM and L2 bytes
+#   sass_group   ncu --set full on one group-kernel launch at batch 512 (64 prompts x 8 samples,
+#                1k prompts), its source page summarised by ncu_sass.py: the stalls by reason,
+#                by region between barriers, and the hottest instructions
 #   kernels      ncu_step.py: every kernel of one batch-1 decode step under Nsight Compute
 #                (time, DRAM bytes, GB/s) and the time between kernels
 #   kernels_b256 the same for one batch-256 step at 2k context (ncu_step.py --ctx-len 2048):
@@ -495,6 +498,15 @@ if [ $DRY = 0 ] && command -v ncu > /dev/null; then
                 --batches none --ctx-batch 0 --grpo-prompts 16 --grpo-samples 8 \
                 --grpo-prompt 1024 --grpo-min-new 48 --grpo-max-new 64 || exit 1
         done' "$BENCH"
+    # 10 decode steps of 32 layers in, all 512 samples running
+    step sass_group 200 bash -c '"$0" --set full --import-source no --clock-control none \
+            --kernel-name regex:"s_attn_group" --launch-skip 320 --launch-count 1 -f \
+            -o "$2/sass_group" "$1" --batches none --ctx-batch 0 --grpo-prompts 64 \
+            --grpo-samples 8 --grpo-prompt 1024 --grpo-min-new 48 --grpo-max-new 64 \
+            > /dev/null || exit 1
+        "$0" -i "$2/sass_group.ncu-rep" --page source --csv --print-source sass \
+            > "$2/sass_group.csv" || exit 1
+        "$3" "$4/ncu_sass.py" "$2/sass_group.csv"' ncu "$BENCH" "$OUT" "$PY" "$BENCHDIR"
     step kernels_fma 240 env ANVIL_CUDA_KV=fp8 bash -c '
             "$0" "$1" --bench "$2" --out "$3/fp8" --batch 256 --ctx-len 2048 || exit 1
             ANVIL_CUDA_ATTN_MMA=0 "$0" "$1" --bench "$2" --out "$3/fma" --batch 256 \
@@ -550,6 +562,8 @@ fi
     echo "== a GRPO step's decode attention, with the group tiles and without (ncu, a layer a line)"
     grep -E "^==|s_attn_(decode|group)" "$OUT/kernels_group.log" 2>/dev/null |
         awk -F'","' '/^==/ {print; next} {n=$5; sub(/<.*/, "", n); print $1" "n" "$(NF-2)" "$NF}'
+    echo "== the group kernel's stalls by region and instruction (ncu source page, ncu_sass.py)"
+    grep -E "^(samples|stalls|region|hot) " "$OUT/sass_group.log" 2>/dev/null
     echo "== the tensor-core prefill attention in detail (ncu sections)"
     pm="Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per"
     pm="$pm|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc Active|Block Limit"
