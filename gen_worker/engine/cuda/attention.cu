@@ -1195,9 +1195,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
    the q.k phase) and the warps' results (wo, the merge) in the same bytes, then the stage */
 template <int HD, int G> static __host__ __device__ constexpr size_t s_gm_qfwo()
 {
-    return (size_t)G * (HD / 16) * 32 * 16 > (size_t)ECU_ATTN_WARPS * 8 * (HD / 8 * 8 + 8) * 4
-               ? (size_t)G * (HD / 16) * 32 * 16
-               : (size_t)ECU_ATTN_WARPS * 8 * (HD / 8 * 8 + 8) * 4;
+    constexpr size_t qf = (size_t)G * (HD / 16) * 32 * 16;
+    constexpr size_t wo = (size_t)ECU_ATTN_WARPS * 8 * (HD / 8 * 8 + 8) * 4;
+    return qf > wo ? qf : wo;
 }
 template <int HD, int G, typename T> static constexpr size_t s_gm_smem()
 {
