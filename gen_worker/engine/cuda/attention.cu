@@ -1331,9 +1331,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                          (size_t)warp * 32 * HD * sizeof(T); /* the warp's stage */
     ecu_pdl_trigger();
     /* The plan (uploaded before the step, so read before the PDL wait) of the block's first
-       item; each item then looks up the next one's while it computes, so an item starts
-       with its K rows' loads, not with three lookups in turn (tile, block table, members):
-       a lane's cache block of its key (of a full split), threads < GMAX their member */
+       item; each item then looks up the next one's while it computes, so no item waits on
+       three lookups in turn (tile, block table, members) before its rows can be copied: a
+       lane's cache block of its key (of a full split), threads < GMAX their member */
     const int n_items = *gcount * n_kv_head;
     auto blk_of = [&](int4 t) {
         const int key = t.y * ECU_ATTN_SPLIT + warp * 32 + lane;
