@@ -1025,7 +1025,12 @@ static __device__ __forceinline__ void s_dm_wo(float *wo,
    s_warps_merge an element, its weights recomputed for each and 8-way conflicts on wo); the
    same sums in the same order, so the same bits. On the H100 (graphs, fp8 KV, alternating
    runs on one machine): batch 256 at a 512 prompt 18222 / 18223 -> 18936 / 18934 tok/s
-   (x1.04), batch 256 at 2k context 10344 / 10351 -> 10882 / 10870 (x1.05). */
+   (x1.04), batch 256 at 2k context 10344 / 10351 -> 10882 / 10870 (x1.05).
+   Where it stands (H100, ncu --set full on one launch at 2k context, 2026-12-06): fp8 KV at
+   batch 256 414 us, 2.78 TB/s, 83 % of the DRAM's peak (76 registers, 6 blocks an SM);
+   bf16 at batch 192 572 us, 2.92 TB/s, 87 % (108 registers, 4 blocks). Its warps wait on
+   memory (long scoreboard 63 / 74 % of the samples, most of them before the first barrier,
+   on K and q): little is left to win inside the kernel at long context. */
 template <int HD, int G, typename T, bool VL = false>
 static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     s_attn_decode_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
@@ -1222,6 +1227,12 @@ template <int NC> static __device__ __forceinline__ int s_stage_swz(int r, int c
     else
         return c ^ (r >> 1 & 3);
 }
+/* piece c of row r: its byte offset in a warp's stage */
+template <int HD, typename T> static __device__ __forceinline__ int s_stage_at(int r, int c)
+{
+    constexpr int R = HD * (int)sizeof(T), NC = R / 16;
+    return r * R + s_stage_swz<NC>(r, c) * 16;
+}
 
 template <int HD, typename T>
 static __device__ __forceinline__ void
@@ -1234,8 +1245,7 @@ s_gm_stage(unsigned char *wst, const T *cache, int kvh, size_t kv_row, int pos)
     for (int k = 0; k < NC; k++) {
         const int idx = lane + 32 * k, r = idx / NC, c = idx % NC;
         const int p = __shfl_sync(0xffffffffu, pos, r);
-        const unsigned dst =
-            (unsigned)__cvta_generic_to_shared(wst + r * R + s_stage_swz<NC>(r, c) * 16);
+        const unsigned dst = (unsigned)__cvta_generic_to_shared(wst + s_stage_at<HD, T>(r, c));
         const char *src = base + (size_t)p * kv_row * sizeof(T) + c * 16;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
     }
@@ -1259,7 +1269,7 @@ static __device__ __forceinline__ void s_gm_get_k(unsigned (&kw)[4][s_dm<HD, T>:
 #pragma unroll
         for (int i = 0; i < NC / 4; i++) {
             const int r = 8 * t + g, c = tig * (NC / 4) + i;
-            const uint4 u = *(const uint4 *)(wst + r * R + s_stage_swz<NC>(r, c) * 16);
+            const uint4 u = *(const uint4 *)(wst + s_stage_at<HD, T>(r, c));
             kw[t][4 * i] = u.x, kw[t][4 * i + 1] = u.y, kw[t][4 * i + 2] = u.z,
                       kw[t][4 * i + 3] = u.w;
         }
@@ -1283,12 +1293,12 @@ static __device__ __forceinline__ void s_gm_get_v(unsigned (&vw)[2][2][2][s_dm<H
 #pragma unroll
                     for (int i = 0; i < R / 128; i++) {
                         const int cc = g * (NC / 8) + i;
-                        const uint4 u = *(const uint4 *)(wst + r * R + s_stage_swz<NC>(r, cc) * 16);
+                        const uint4 u = *(const uint4 *)(wst + s_stage_at<HD, T>(r, cc));
                         w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
                     }
                 } else { /* 8 bytes: half a piece */
-                    const uint2 u = *(const uint2 *)(wst + r * R + s_stage_swz<NC>(r, g >> 1) * 16 +
-                                                     (g & 1) * 8);
+                    const uint2 u =
+                        *(const uint2 *)(wst + s_stage_at<HD, T>(r, g >> 1) + (g & 1) * 8);
                     w[0] = u.x, w[1] = u.y;
                 }
             }
