@@ -8,6 +8,14 @@
     updated residual and the normalised row in the same pass, so the residual stream is read
     once and written once per layer half. ecu_rmsnorm_round writes the normalised row
     rounded to bf16 / f16, the input a cuBLASLt product wants (linear's composed path).
+    Rows whose width is a multiple of 4 (and 16-byte aligned) run s_norm4_kernel instead:
+    16-byte loads and stores, a quarter of the threads (256 at 4096), the same math with the
+    squares summed 4 at a time (other bits than the scalar kernel's, the same for any batch).
+    ANVIL_CUDA_NORM_VEC=0 is the A/B. On the H100 (graphs, alternating runs on one machine,
+    2026-12-06; fp8 KV): batch 16 2362 / 2354 -> 2380 / 2374 tok/s (x1.008), 64 8093 / 8078
+    -> 8113 / 8108 (x1.003), 256 18741 / 18763 -> 18940 / 18914 (x1.009), 256 x 2k 10824 /
+    10803 -> 10877 / 10861 (x1.005); the GRPO workload (bf16 KV) 12826 / 12801 -> 13004 /
+    12946 (x1.013). Batch 1 folds its norms into the GEMV (matmul.cu) and is unchanged.
 */
 #include "eng_cuda_internal.h"
 
