@@ -77,7 +77,19 @@ static void test_embedding_norm(eng_dtype_t dt)
     snprintf(name, sizeof(name), "embedding %s", eng_dtype_name(dt));
     ecu_t_close(name, got, ref, (size_t)n * dim, 0.0);
 
-    /* rmsnorm, add_rmsnorm (in place on the residual) */
+    gpu->free(gpu, gt), gpu->free(gpu, out);
+    free(tab), free(r), free(tw), free(ref), free(got);
+}
+
+/* rmsnorm, add_rmsnorm (in place on the residual), n rows of dim: a multiple of 4 takes the
+   16-byte kernel (norm.cu, the default), 1002 the scalar one */
+static void test_norm(eng_dtype_t dt, int dim)
+{
+    char name[96];
+    const int n = 6;
+    size_t es = eng_dtype_size(dt);
+    float *out = gpu->alloc(gpu, (size_t)n * dim * 4), *ref = malloc((size_t)n * dim * 4);
+    float *got = malloc((size_t)n * dim * 4);
     float *wv = s_rand(dim, 0.5f), *wr = malloc(dim * 4);
     for (int i = 0; i < dim; i++)
         wv[i] += 1.0f;
@@ -88,20 +100,18 @@ static void test_embedding_norm(eng_dtype_t dt)
     cpu->rmsnorm(cpu, ref, x, ww, dt, n, dim, 1e-6f);
     gpu->rmsnorm(gpu, out, gx, gw, dt, n, dim, 1e-6f);
     ecu_t_get(gpu, got, out, (size_t)n * dim * 4);
-    snprintf(name, sizeof(name), "rmsnorm %s", eng_dtype_name(dt));
+    snprintf(name, sizeof(name), "rmsnorm %s dim %d", eng_dtype_name(dt), dim);
     ecu_t_close(name, got, ref, (size_t)n * dim, 1e-6);
     cpu->add_rmsnorm(cpu, ref, x, d, ww, dt, n, dim, 1e-6f);
     gpu->add_rmsnorm(gpu, out, gx, gd, gw, dt, n, dim, 1e-6f);
     ecu_t_get(gpu, got, out, (size_t)n * dim * 4);
-    snprintf(name, sizeof(name), "add_rmsnorm out %s", eng_dtype_name(dt));
+    snprintf(name, sizeof(name), "add_rmsnorm out %s dim %d", eng_dtype_name(dt), dim);
     ecu_t_close(name, got, ref, (size_t)n * dim, 1e-6);
     ecu_t_get(gpu, got, gx, (size_t)n * dim * 4);
-    snprintf(name, sizeof(name), "add_rmsnorm residual %s", eng_dtype_name(dt));
+    snprintf(name, sizeof(name), "add_rmsnorm residual %s dim %d", eng_dtype_name(dt), dim);
     ecu_t_close(name, got, x, (size_t)n * dim, 0.0);
-    gpu->free(gpu, gt), gpu->free(gpu, out), gpu->free(gpu, gw), gpu->free(gpu, gx);
-    gpu->free(gpu, gd);
-    free(tab), free(r), free(tw), free(ref), free(got), free(wv), free(wr), free(ww), free(x);
-    free(d);
+    gpu->free(gpu, out), gpu->free(gpu, gw), gpu->free(gpu, gx), gpu->free(gpu, gd);
+    free(ref), free(got), free(wv), free(wr), free(ww), free(x), free(d);
 }
 
 /* names the path under test in the matmul and linear checks (test_linear_segs, the GEMV and
@@ -1260,6 +1270,9 @@ int main(int argc, char **argv)
     eng_dtype_t dts[3] = {ENG_DTYPE_BF16, ENG_DTYPE_F16, ENG_DTYPE_F32};
     for (int i = 0; i < 3; i++) {
         test_embedding_norm(dts[i]);
+        test_norm(dts[i], 1000);
+        test_norm(dts[i], 1002);
+        test_norm(dts[i], 4096);
         int ns[6] = {1, 3, 8, 9, 64, 200};
         for (int j = 0; j < 6; j++)
             test_matmul(dts[i], ns[j], 1024, 600, j == 3);

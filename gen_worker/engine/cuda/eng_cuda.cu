@@ -595,6 +595,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            again (ecu_twin_begin, matmul.cu); ANVIL_CUDA_TWIN=0 leaves the rounding to the
            product (A/B) */
         st->twin_on = s_env_on("ANVIL_CUDA_TWIN");
+        /* the norms with 16-byte loads and stores, a quarter of the threads a row
+           (s_norm4_kernel, norm.cu); ANVIL_CUDA_NORM_VEC=0 for the scalar kernel (A/B) */
+        st->norm_vec = s_env_on("ANVIL_CUDA_NORM_VEC");
         /* ANVIL_CUDA_SAMPLE_LIST=0: the sampler's later passes read the whole row instead of
            the candidates compacted after two radix bytes (softmax.cu; A/B) */
         st->sample_list = s_env_on("ANVIL_CUDA_SAMPLE_LIST");
@@ -646,24 +649,24 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->swiglu_fused = ecu_swiglu_fused;
     be->linear = ecu_linear;
     be->sample = ecu_sample;
-    ANV_INFO("cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
-             "%s%s%s, tensor-core skinny products up to %d rows, rounded twins %s, decode "
-             "attention %s%s%s%s%s, sampler %s%s",
-             prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
-             st->pdl ? "on" : "off", st->gemv_max,
-             st->gemv_persist ? "persistent (staged norm)" : "a block a group",
-             st->gemv_rope ? "" : ", rope apart",
-             st->gemv_balance ? ", whole rounds" : ", every slot", st->skinny_max,
-             st->twin_on ? "on" : "off",
-             st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
-             st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
-             st->attn_kv_inner ? ", KV heads inner" : "",
-             st->attn_mma && st->attn_group ? ", shared splits as group tiles" : "",
-             st->attn_pf_mma ? ", prefill attention mma (bf16/fp8 KV)" : ", prefill fma",
-             st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
-             : st->sample_blocks == 1 ? "1 block a row"
-                                      : "8 blocks a row",
-             st->sample_list ? ", candidate list" : ", whole-row passes");
+    ANV_INFO(
+        "cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
+        "%s%s%s, tensor-core skinny products up to %d rows, rounded twins %s, %s norms, decode "
+        "attention %s%s%s%s%s, sampler %s%s",
+        prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
+        st->pdl ? "on" : "off", st->gemv_max,
+        st->gemv_persist ? "persistent (staged norm)" : "a block a group",
+        st->gemv_rope ? "" : ", rope apart", st->gemv_balance ? ", whole rounds" : ", every slot",
+        st->skinny_max, st->twin_on ? "on" : "off", st->norm_vec ? "16-byte" : "scalar",
+        st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
+        st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
+        st->attn_kv_inner ? ", KV heads inner" : "",
+        st->attn_mma && st->attn_group ? ", shared splits as group tiles" : "",
+        st->attn_pf_mma ? ", prefill attention mma (bf16/fp8 KV)" : ", prefill fma",
+        st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
+        : st->sample_blocks == 1 ? "1 block a row"
+                                 : "8 blocks a row",
+        st->sample_list ? ", candidate list" : ", whole-row passes");
     return be;
 fail:
     s_destroy(&be);
