@@ -60,7 +60,7 @@ static float *s_rand(size_t n, float scale)
 }
 
 /* Runs op on both backends with x uploaded, returns downloaded outputs. */
-static void test_embedding_norm(eng_dtype_t dt)
+static void test_embedding(eng_dtype_t dt)
 {
     char name[96];
     int vocab = 1000, dim = 1000, n = 6;
@@ -1269,7 +1269,7 @@ int main(int argc, char **argv)
     }
     eng_dtype_t dts[3] = {ENG_DTYPE_BF16, ENG_DTYPE_F16, ENG_DTYPE_F32};
     for (int i = 0; i < 3; i++) {
-        test_embedding_norm(dts[i]);
+        test_embedding(dts[i]);
         test_norm(dts[i], 1000);
         test_norm(dts[i], 1002);
         test_norm(dts[i], 4096);
