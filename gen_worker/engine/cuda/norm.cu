@@ -192,43 +192,39 @@ static dim3 s_norm_threads(int dim)
     return dim3(dim >= 2048 ? 1024 : dim >= 512 ? 256 : 64);
 }
 
+/* one launch of the norm for rows of dim: s_norm4_kernel where it applies (s_norm4_threads),
+   else s_norm_kernel (the two share a signature) */
+template <typename T, bool ADD, typename OT = float>
+static int s_norm_go(const ecu_state_t *st,
+                     OT *out,
+                     float *x,
+                     const float *delta,
+                     const void *w,
+                     int n,
+                     int dim,
+                     float eps)
+{
+    const int t4 = s_norm4_threads(st, dim, out, x, delta, w);
+    ECU_CHECK(ecu_launch(st, t4 > 0 ? s_norm4_kernel<T, ADD, OT> : s_norm_kernel<T, ADD, OT>,
+                         dim3(n), t4 > 0 ? dim3(t4) : s_norm_threads(dim), 0, out, x, delta,
+                         (const T *)w, dim, eps));
+    return 0;
+}
+
 template <bool ADD>
 static int s_norm_launch(const ecu_state_t *st, float *out, float *x, const float *delta,
                          const void *w, eng_dtype_t dtype, int n, int dim, float eps)
 {
-    dim3 grid(n), threads = s_norm_threads(dim);
-    const int t4 = s_norm4_threads(st, dim, out, x, delta, w);
-    if (t4 > 0) {
-        if (dtype == ENG_DTYPE_F32)
-            ECU_CHECK(ecu_launch(st, s_norm4_kernel<float, ADD>, grid, dim3(t4), 0, out, x, delta,
-                                 (const float *)w, dim, eps));
-        else if (dtype == ENG_DTYPE_BF16)
-            ECU_CHECK(ecu_launch(st, s_norm4_kernel<__nv_bfloat16, ADD>, grid, dim3(t4), 0, out, x,
-                                 delta, (const __nv_bfloat16 *)w, dim, eps));
-        else if (dtype == ENG_DTYPE_F16)
-            ECU_CHECK(ecu_launch(st, s_norm4_kernel<__half, ADD>, grid, dim3(t4), 0, out, x, delta,
-                                 (const __half *)w, dim, eps));
-        else
-            return -EINVAL;
-        return 0;
-    }
     switch (dtype) {
     case ENG_DTYPE_F32:
-        ECU_CHECK(ecu_launch(st, s_norm_kernel<float, ADD>, grid, threads, 0, out, x, delta,
-                             (const float *)w, dim, eps));
-        break;
+        return s_norm_go<float, ADD>(st, out, x, delta, w, n, dim, eps);
     case ENG_DTYPE_BF16:
-        ECU_CHECK(ecu_launch(st, s_norm_kernel<__nv_bfloat16, ADD>, grid, threads, 0, out, x,
-                             delta, (const __nv_bfloat16 *)w, dim, eps));
-        break;
+        return s_norm_go<__nv_bfloat16, ADD>(st, out, x, delta, w, n, dim, eps);
     case ENG_DTYPE_F16:
-        ECU_CHECK(ecu_launch(st, s_norm_kernel<__half, ADD>, grid, threads, 0, out, x, delta,
-                             (const __half *)w, dim, eps));
-        break;
+        return s_norm_go<__half, ADD>(st, out, x, delta, w, n, dim, eps);
     default:
         return -EINVAL;
     }
-    return 0;
 }
 
 extern "C" int ecu_rmsnorm(eng_backend_t *be, float *out, const float *x, const void *w,
@@ -253,25 +249,10 @@ extern "C" int ecu_add_rmsnorm(eng_backend_t *be, float *out, float *residual, c
 int ecu_rmsnorm_round(ecu_state_t *st, void *out, const float *x, const void *w,
                       eng_dtype_t dtype, int n, int dim, float eps)
 {
-    dim3 grid(n), threads = s_norm_threads(dim);
-    const int t4 = s_norm4_threads(st, dim, out, x, NULL, w);
-    if (t4 > 0 && dtype == ENG_DTYPE_BF16)
-        ECU_CHECK(ecu_launch(st, s_norm4_kernel<__nv_bfloat16, false, __nv_bfloat16>, grid,
-                             dim3(t4), 0, (__nv_bfloat16 *)out, (float *)x, (const float *)NULL,
-                             (const __nv_bfloat16 *)w, dim, eps));
-    else if (t4 > 0 && dtype == ENG_DTYPE_F16)
-        ECU_CHECK(ecu_launch(st, s_norm4_kernel<__half, false, __half>, grid, dim3(t4), 0,
-                             (__half *)out, (float *)x, (const float *)NULL, (const __half *)w, dim,
-                             eps));
-    else if (dtype == ENG_DTYPE_BF16)
-        ECU_CHECK(ecu_launch(st, s_norm_kernel<__nv_bfloat16, false, __nv_bfloat16>, grid,
-                             threads, 0, (__nv_bfloat16 *)out, (float *)x, (const float *)NULL,
-                             (const __nv_bfloat16 *)w, dim, eps));
-    else if (dtype == ENG_DTYPE_F16)
-        ECU_CHECK(ecu_launch(st, s_norm_kernel<__half, false, __half>, grid, threads, 0,
-                             (__half *)out, (float *)x, (const float *)NULL, (const __half *)w,
-                             dim, eps));
-    else
-        return -EINVAL;
-    return 0;
+    if (dtype == ENG_DTYPE_BF16)
+        return s_norm_go<__nv_bfloat16, false>(st, (__nv_bfloat16 *)out, (float *)x, NULL, w, n,
+                                               dim, eps);
+    if (dtype == ENG_DTYPE_F16)
+        return s_norm_go<__half, false>(st, (__half *)out, (float *)x, NULL, w, n, dim, eps);
+    return -EINVAL;
 }
