@@ -145,6 +145,29 @@ static void test_matmul(eng_dtype_t dt, int n, int in, int outd, int bias)
     free(w), free(wr), free(wh), free(b), free(br), free(bh), free(x), free(ref), free(got);
 }
 
+/* Sets environment variable name to v (NULL: unset) and returns its old value (malloc'd, or
+   NULL when it was unset), for a backend built with a switch on or off. */
+static char *s_env_swap(const char *name, const char *v)
+{
+    const char *old = getenv(name);
+    char *was = old ? strdup(old) : NULL;
+    if (v)
+        setenv(name, v, 1);
+    else
+        unsetenv(name);
+    return was;
+}
+
+/* A backend of KV dtype kv with environment switch name set to v */
+static eng_backend_t *s_backend_with(eng_dtype_t kv, const char *name, const char *v)
+{
+    char *was = s_env_swap(name, v);
+    eng_backend_t *be = eng_cuda_backend_new_kv(kv);
+    free(s_env_swap(name, was));
+    free(was);
+    return be;
+}
+
 static void test_rope_kv(int hd)
 {
     char name[96];
@@ -221,6 +244,30 @@ static void test_rope_kv(int hd)
         snprintf(name, sizeof(name), "rope_kv_store v hd=%d kv=%s", hd,
                  eng_dtype_name(be->kv_dtype));
         ecu_t_close(name, gotp, cv, pool, tol);
+        /* the scalar kernel (ANVIL_CUDA_ROPE_VEC=0) writes the same bits as the default
+           (two pairs a thread where head_dim % 4 == 0) */
+        eng_backend_t *sc = s_backend_with(be->kv_dtype, "ANVIL_CUDA_ROPE_VEC", "0");
+        ecu_t_check(sc != NULL, "a backend with ANVIL_CUDA_ROPE_VEC=0");
+        if (sc) {
+            float *sqkv = ecu_t_put(sc, qkv, (size_t)n * row * 4), *sqo = sc->alloc(sc, qn * 4);
+            void *sk = sc->alloc(sc, pool * es), *sv = sc->alloc(sc, pool * es);
+            sc->rope_kv_store(sc, sqo, sqkv, sk, sv, pos, slots, n, nh, nkv, hd, 500000.0f);
+            char *a = malloc(pool * es > qn * 4 ? pool * es : qn * 4);
+            char *b = malloc(pool * es > qn * 4 ? pool * es : qn * 4);
+            const void *dv[3][2] = {{gqo, sqo}, {fk, sk}, {fv, sv}};
+            const size_t nbytes[3] = {qn * 4, pool * es, pool * es};
+            for (int w = 0; w < 3; w++) {
+                ecu_t_get(be, a, dv[w][0], nbytes[w]);
+                ecu_t_get(sc, b, dv[w][1], nbytes[w]);
+                snprintf(name, sizeof(name),
+                         "rope_kv_store %c hd=%d kv=%s: the scalar kernel's bits", "qkv"[w], hd,
+                         eng_dtype_name(be->kv_dtype));
+                ecu_t_check(memcmp(a, b, nbytes[w]) == 0, name);
+            }
+            free(a), free(b);
+            sc->free(sc, sqkv), sc->free(sc, sqo), sc->free(sc, sk), sc->free(sc, sv);
+            sc->destroy(&sc);
+        }
 
         /* copy_block: block 0 <- block 7 */
         be->copy_block(be, pk, pv, 7, 0, bs, nkv, hd);
@@ -354,19 +401,6 @@ static void test_attention_prefill(eng_backend_t *be, int hd, int nh, int nkv)
 {
     const int32_t nq[3] = {300, 200, 1}, ctx[3] = {300, 700, 45};
     s_attn_batch(be, hd, nh, nkv, 3, nq, ctx, " prefill 300 / 200 after 500");
-}
-
-/* Sets environment variable name to v (NULL: unset) and returns its old value (malloc'd, or
-   NULL when it was unset), for a backend built with a switch on or off. */
-static char *s_env_swap(const char *name, const char *v)
-{
-    const char *old = getenv(name);
-    char *was = old ? strdup(old) : NULL;
-    if (v)
-        setenv(name, v, 1);
-    else
-        unsetenv(name);
-    return was;
 }
 
 /* Many decodes at once, on the Seed-Coder shape (32 / 8 heads, head_dim 128), in KV dtype
@@ -1278,6 +1312,7 @@ int main(int argc, char **argv)
             test_matmul(dts[i], ns[j], 1024, 600, j == 3);
         test_matmul(dts[i], 2, 4096, 1032, 1);
     }
+    test_rope_kv(6); /* head_dim % 4 != 0: the scalar kernel */
     test_rope_kv(64);
     test_rope_kv(128);
     test_attention(gpu, 128, 32, 8);

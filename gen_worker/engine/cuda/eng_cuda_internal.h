@@ -151,6 +151,7 @@ typedef struct {
     long long group_plans, group_tiles; /* plans with group tiles, and their tiles (a log line) */
     int twin_on;                /* producers write rounded twins (ecu_twin_begin; default; A/B) */
     int norm_vec;               /* norms with 16-byte accesses (norm.cu; default; A/B) */
+    int rope_vec;               /* rope + KV store two pairs a thread (rope.cu; default; A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;
