@@ -620,6 +620,7 @@ static int s_ops_linear(eng_model_t *self, const eng_forward_t *b)
         S_TRY(be->linear(be, self->x, self->att, L->wo.p, NULL, L->wo.dt, n, Q, H, &add));
         eng_linear_t gu = f;
         gu.norm_w = L->post_norm.p, gu.norm_dtype = L->post_norm.dt, gu.epi = ENG_LIN_SWIGLU;
+        gu.out_for_next = L->wd.dt == L->wgu.dt; /* only down reads gate, next */
         S_TRY(be->linear(be, self->gate, self->x, L->wgu.p, NULL, L->wgu.dt, n, H, 2 * F, &gu));
         S_TRY(be->linear(be, self->x, self->gate, L->wd.p, NULL, L->wd.dt, n, F, H, &add));
     }

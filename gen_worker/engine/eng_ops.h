@@ -110,6 +110,12 @@ typedef struct {
        already rounded for its product (the CUDA backend's rounded twin) may read the
        rounded copy instead of rounding x again; the result is the same. 0 otherwise. */
     int x_from_prev;
+    /* ENG_LIN_SWIGLU: 1 when out is read only by the next op on this backend, a linear with
+       x_from_prev 1 whose weights have this one's dtype: a backend that hands that linear a
+       rounded copy of out (the CUDA backend's twin) may then leave out itself unwritten, and
+       fails that linear (rather than read stale values) if it cannot take the copy. 0
+       otherwise (out written, as always). */
+    int out_for_next;
 } eng_linear_t;
 
 typedef struct eng_backend eng_backend_t;

@@ -5,7 +5,8 @@
 # long-context decode line, a GRPO-shaped job) and checks the output format (one line per
 # configuration, then a summary; --json one object per line) and the GRPO bookkeeping: one
 # prefill per prompt (prefix sharing), every sample finished at its drawn length, and the
-# same tokens (hash) as the run that prefills every sample on its own. The KV is limited so
+# same tokens (hash) as the run that prefills every sample on its own, and the decode steps'
+# host / sampler times. The KV is limited so
 # that admission has to wait for finished samples. The linear workload (--linear): one line a
 # product and batch, a layer line that sums the layer's four products, and the sweep's
 # refusal on the CPU.
@@ -46,6 +47,14 @@ check "generated = sum of drawn lengths" $?
 cap=$(field "$g" kv_capacity_tokens); peak=$(field "$g" kv_peak_tokens)
 [ -n "$peak" ] && [ "$peak" -gt 0 ] && [ "$peak" -le "$cap" ]; check "kv peak within capacity" $?
 [ "$(field "$g" peak_running)" -lt 24 ]; check "admission limited by the KV" $?
+# the host / sampler split of a decode step: the CPU's forward is host work (fwd within host),
+# no graphs on the CPU
+h=$(field "$g" decode_host_ms); f=$(field "$g" decode_fwd_ms); w=$(field "$g" decode_wait_ms)
+awk -v h="$h" -v f="$f" -v w="$w" 'BEGIN { exit !(h != "" && f != "" && w != "" && f > 0 &&
+    h >= f && w >= 0) }'
+check "grpo decode_host_ms >= decode_fwd_ms > 0, decode_wait_ms >= 0 ($h, $f, $w)" $?
+[ "$(field "$g" graph_captures)" = 0 ] && [ "$(field "$g" graph_eager)" = 0 ]
+check "grpo: no graphs on the CPU" $?
 for tok in tok_s ms_step frac_copy; do
     v=$(field "$(echo "$out" | grep '^decode batch=1 ')" $tok)
     awk -v v="$v" 'BEGIN { exit !(v + 0 > 0) }'; check "decode batch=1 $tok > 0" $?

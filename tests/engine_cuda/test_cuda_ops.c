@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <time.h>
 
+#include "anv_error.h"
 #include "anv_log.h"
 #include "cpu/eng_cpu.h"
 #include "eng_cuda.h"
@@ -145,6 +146,29 @@ static void test_matmul(eng_dtype_t dt, int n, int in, int outd, int bias)
     free(w), free(wr), free(wh), free(b), free(br), free(bh), free(x), free(ref), free(got);
 }
 
+/* Sets environment variable name to v (NULL: unset) and returns its old value (malloc'd, or
+   NULL when it was unset), for a backend built with a switch on or off. */
+static char *s_env_swap(const char *name, const char *v)
+{
+    const char *old = getenv(name);
+    char *was = old ? strdup(old) : NULL;
+    if (v)
+        setenv(name, v, 1);
+    else
+        unsetenv(name);
+    return was;
+}
+
+/* A backend of KV dtype kv with environment switch name set to v */
+static eng_backend_t *s_backend_with(eng_dtype_t kv, const char *name, const char *v)
+{
+    char *was = s_env_swap(name, v);
+    eng_backend_t *be = eng_cuda_backend_new_kv(kv);
+    free(s_env_swap(name, was));
+    free(was);
+    return be;
+}
+
 static void test_rope_kv(int hd)
 {
     char name[96];
@@ -221,6 +245,30 @@ static void test_rope_kv(int hd)
         snprintf(name, sizeof(name), "rope_kv_store v hd=%d kv=%s", hd,
                  eng_dtype_name(be->kv_dtype));
         ecu_t_close(name, gotp, cv, pool, tol);
+        /* the scalar kernel (ANVIL_CUDA_ROPE_VEC=0) writes the same bits as the default
+           (two pairs a thread where head_dim % 4 == 0) */
+        eng_backend_t *sc = s_backend_with(be->kv_dtype, "ANVIL_CUDA_ROPE_VEC", "0");
+        ecu_t_check(sc != NULL, "a backend with ANVIL_CUDA_ROPE_VEC=0");
+        if (sc) {
+            float *sqkv = ecu_t_put(sc, qkv, (size_t)n * row * 4), *sqo = sc->alloc(sc, qn * 4);
+            void *sk = sc->alloc(sc, pool * es), *sv = sc->alloc(sc, pool * es);
+            sc->rope_kv_store(sc, sqo, sqkv, sk, sv, pos, slots, n, nh, nkv, hd, 500000.0f);
+            char *a = malloc(pool * es > qn * 4 ? pool * es : qn * 4);
+            char *b = malloc(pool * es > qn * 4 ? pool * es : qn * 4);
+            const void *dv[3][2] = {{gqo, sqo}, {fk, sk}, {fv, sv}};
+            const size_t nbytes[3] = {qn * 4, pool * es, pool * es};
+            for (int w = 0; w < 3; w++) {
+                ecu_t_get(be, a, dv[w][0], nbytes[w]);
+                ecu_t_get(sc, b, dv[w][1], nbytes[w]);
+                snprintf(name, sizeof(name),
+                         "rope_kv_store %c hd=%d kv=%s: the scalar kernel's bits", "qkv"[w], hd,
+                         eng_dtype_name(be->kv_dtype));
+                ecu_t_check(memcmp(a, b, nbytes[w]) == 0, name);
+            }
+            free(a), free(b);
+            sc->free(sc, sqkv), sc->free(sc, sqo), sc->free(sc, sk), sc->free(sc, sv);
+            sc->destroy(&sc);
+        }
 
         /* copy_block: block 0 <- block 7 */
         be->copy_block(be, pk, pv, 7, 0, bs, nkv, hd);
@@ -354,19 +402,6 @@ static void test_attention_prefill(eng_backend_t *be, int hd, int nh, int nkv)
 {
     const int32_t nq[3] = {300, 200, 1}, ctx[3] = {300, 700, 45};
     s_attn_batch(be, hd, nh, nkv, 3, nq, ctx, " prefill 300 / 200 after 500");
-}
-
-/* Sets environment variable name to v (NULL: unset) and returns its old value (malloc'd, or
-   NULL when it was unset), for a backend built with a switch on or off. */
-static char *s_env_swap(const char *name, const char *v)
-{
-    const char *old = getenv(name);
-    char *was = old ? strdup(old) : NULL;
-    if (v)
-        setenv(name, v, 1);
-    else
-        unsetenv(name);
-    return was;
 }
 
 /* Many decodes at once, on the Seed-Coder shape (32 / 8 heads, head_dim 128), in KV dtype
@@ -846,6 +881,101 @@ static void s_twin_run(eng_backend_t *be,
      x_from_prev 0 gives the residual untouched, and so does a backend with
      ANVIL_CUDA_TWIN=0 even with x_from_prev 1;
    - a consumer given another buffer (zeros) with x_from_prev 1 ignores the twin. */
+/* SwiGLU's twin alone (eng_linear_t.out_for_next; st->twin_only): on N rows that run on
+   cuBLASLt, a gate|up linear told out_for_next leaves its out as it was (a 0xff pattern: NaN
+   as floats) and the down projection after it (x_from_prev 1) gives the bits of the run
+   with out written; with ANVIL_CUDA_TWIN_ONLY=0 or ANVIL_CUDA_TWIN=0 out is written and the
+   bits are the same; a linear that reads the unwritten out without the twin (x_from_prev 0)
+   fails instead of reading it, and the next pair runs as before. */
+static void test_twin_only(eng_dtype_t dt, int N)
+{
+    const int H = 512, F = 768;
+    const size_t es = eng_dtype_size(dt), gn = (size_t)N * F, rn = (size_t)N * H;
+    float *wgu = s_rand((size_t)2 * F * H, 0.05f), *wd = s_rand((size_t)H * F, 0.05f);
+    float *g = s_rand(H, 0.5f), *x = s_rand(rn, 2.0f), *res0 = s_rand(rn, 1.0f);
+    for (int i = 0; i < H; i++)
+        g[i] += 1.0f;
+    float *r_gu = malloc((size_t)2 * F * H * 4), *r_d = malloc((size_t)H * F * 4);
+    float *r_g = malloc(H * 4);
+    void *h_gu = s_weights(wgu, (size_t)2 * F * H, dt, r_gu);
+    void *h_d = s_weights(wd, (size_t)H * F, dt, r_d), *h_g = s_weights(g, H, dt, r_g);
+    unsigned char *pat = malloc(gn * 4);
+    float *gate_h = malloc(gn * 4), *res[3][2];
+    memset(pat, 0xff, gn * 4);
+    eng_backend_t *bes[3] = {gpu, s_backend_with(ENG_DTYPE_BF16, "ANVIL_CUDA_TWIN_ONLY", "0"),
+                             s_backend_with(ENG_DTYPE_BF16, "ANVIL_CUDA_TWIN", "0")};
+    const char *tag[3] = {"", " (ANVIL_CUDA_TWIN_ONLY=0)", " (ANVIL_CUDA_TWIN=0)"};
+    char name[160];
+    for (int k = 0; k < 3; k++) {
+        res[k][0] = calloc(rn, 4), res[k][1] = calloc(rn, 4);
+        eng_backend_t *be = bes[k];
+        snprintf(name, sizeof(name), "twin alone %s n=%d: a backend%s", eng_dtype_name(dt), N,
+                 tag[k]);
+        ecu_t_check(be != NULL, name);
+        if (!be)
+            continue;
+        void *dgu = ecu_t_put(be, h_gu, (size_t)2 * F * H * es);
+        void *dd = ecu_t_put(be, h_d, (size_t)H * F * es), *dg = ecu_t_put(be, h_g, H * es);
+        float *gx = ecu_t_put(be, x, rn * 4), *gres = be->alloc(be, rn * 4);
+        float *gate = be->alloc(be, gn * 4);
+        eng_linear_t gu = {0}, add = {0};
+        gu.norm_w = dg, gu.norm_dtype = dt, gu.eps = 1e-6f, gu.epi = ENG_LIN_SWIGLU;
+        add.epi = ENG_LIN_ADD;
+        for (int ofn = 0; ofn < 2; ofn++) {
+            int rc = be->upload(be, gres, res0, rn * 4) | be->upload(be, gate, pat, gn * 4);
+            gu.out_for_next = ofn, add.x_from_prev = 1;
+            rc |= be->linear(be, gate, gx, dgu, NULL, dt, N, H, 2 * F, &gu);
+            rc |= be->linear(be, gres, gate, dd, NULL, dt, N, F, H, &add);
+            ecu_t_get(be, res[k][ofn], gres, rn * 4);
+            ecu_t_get(be, gate_h, gate, gn * 4);
+            const bool untouched = memcmp(gate_h, pat, gn * 4) == 0;
+            snprintf(name, sizeof(name), "twin alone %s n=%d%s out_for_next %d: rc 0, out %s",
+                     eng_dtype_name(dt), N, tag[k], ofn,
+                     k == 0 && ofn ? "left unwritten" : "written");
+            ecu_t_check(rc == 0 && untouched == (k == 0 && ofn == 1), name);
+        }
+        if (k == 0) {
+            /* the promise broken: the down projection told x_from_prev 0 */
+            int rc = be->upload(be, gres, res0, rn * 4);
+            gu.out_for_next = 1, add.x_from_prev = 0;
+            rc |= be->linear(be, gate, gx, dgu, NULL, dt, N, H, 2 * F, &gu);
+            const int bad = be->linear(be, gres, gate, dd, NULL, dt, N, F, H, &add);
+            ecu_t_get(be, gate_h, gres, rn * 4);
+            snprintf(name, sizeof(name),
+                     "twin alone %s n=%d: x_from_prev 0 on the unwritten out fails (rc %d), "
+                     "the residual untouched",
+                     eng_dtype_name(dt), N, bad);
+            ecu_t_check(rc == 0 && bad == ANV_ESTATE && memcmp(gate_h, res0, rn * 4) == 0, name);
+            /* and the pair after it runs as before */
+            float *again = malloc(rn * 4);
+            rc = be->upload(be, gres, res0, rn * 4);
+            add.x_from_prev = 1;
+            rc |= be->linear(be, gate, gx, dgu, NULL, dt, N, H, 2 * F, &gu);
+            rc |= be->linear(be, gres, gate, dd, NULL, dt, N, F, H, &add);
+            ecu_t_get(be, again, gres, rn * 4);
+            snprintf(name, sizeof(name), "twin alone %s n=%d: the next pair the same bits",
+                     eng_dtype_name(dt), N);
+            ecu_t_check(rc == 0 && memcmp(again, res[0][1], rn * 4) == 0, name);
+            free(again);
+        }
+        be->free(be, dgu), be->free(be, dd), be->free(be, dg), be->free(be, gx);
+        be->free(be, gres), be->free(be, gate);
+    }
+    for (int k = 0; k < 3; k++)
+        for (int ofn = 0; ofn < 2; ofn++) {
+            snprintf(name, sizeof(name), "twin alone %s n=%d%s out_for_next %d: the same bits",
+                     eng_dtype_name(dt), N, tag[k], ofn);
+            ecu_t_check(memcmp(res[k][ofn], res[0][0], rn * 4) == 0, name);
+        }
+    for (int k = 0; k < 3; k++) {
+        free(res[k][0]), free(res[k][1]);
+        if (k > 0 && bes[k])
+            bes[k]->destroy(&bes[k]);
+    }
+    free(wgu), free(wd), free(g), free(x), free(res0), free(r_gu), free(r_d), free(r_g);
+    free(h_gu), free(h_d), free(h_g), free(pat), free(gate_h);
+}
+
 static void test_twins(eng_dtype_t dt, int N)
 {
     s_twin_case_t c = {.n = N, .H = 512, .F = 768, .nh = 8, .nkv = 2, .hd = 64, .bs = 16, .mb = 8};
@@ -1278,6 +1408,7 @@ int main(int argc, char **argv)
             test_matmul(dts[i], ns[j], 1024, 600, j == 3);
         test_matmul(dts[i], 2, 4096, 1032, 1);
     }
+    test_rope_kv(6); /* head_dim % 4 != 0: the scalar kernel */
     test_rope_kv(64);
     test_rope_kv(128);
     test_attention(gpu, 128, 32, 8);
@@ -1333,6 +1464,8 @@ int main(int argc, char **argv)
     test_twins(ENG_DTYPE_BF16, 16);
     test_twins(ENG_DTYPE_F16, 16);
     test_twins(ENG_DTYPE_BF16, 8);
+    test_twin_only(ENG_DTYPE_BF16, 16);
+    test_twin_only(ENG_DTYPE_F16, 16);
     test_softmax_sample(gpu, "blocks a row by batch (the default)");
     s_sample_timing(gpu, "blocks a row by batch (the default)");
     /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), and the default without its

@@ -9,7 +9,9 @@
     TB/s). The same arithmetic an element either way. Inside a linear composed on cuBLASLt the
     stacked form also writes each value rounded to the weights' dtype (the down projection's
     input, its rounded twin: ecu_twin_begin in matmul.cu), which spares the down projection
-    a rounding kernel that read the output again.
+    a rounding kernel that read the output again; when the linear's caller says the down
+    projection alone reads the output (eng_linear_t.out_for_next) it writes the twin alone,
+    10 bytes an element moved instead of 14 (st->twin_only; ANVIL_CUDA_TWIN_ONLY=0 is the A/B).
 */
 #include "eng_cuda_internal.h"
 
@@ -26,9 +28,11 @@ static __global__ void s_swiglu_kernel(float *out /* (n, ffn) f32 */,
     }
 }
 
-static __global__ void s_swiglu_fused_kernel(float *out /* (n, ffn) f32 */,
-                                             const float *gu /* (n, 2 ffn) f32 */, int ffn,
-                                             size_t total, void *low /* (n, ffn) or NULL */,
+static __global__ void s_swiglu_fused_kernel(float *out /* (n, ffn) f32, or NULL */,
+                                             const float *gu /* (n, 2 ffn) f32 */,
+                                             int ffn,
+                                             size_t total,
+                                             void *low /* (n, ffn) or NULL */,
                                              int kind /* ECU_TWIN_* */)
 {
     ecu_pdl_trigger(); /* elementwise: the down projection may start fetching its weights */
@@ -38,15 +42,18 @@ static __global__ void s_swiglu_fused_kernel(float *out /* (n, ffn) f32 */,
         size_t r = i / ffn, c = i % ffn;
         float g = gu[r * 2 * ffn + c], u = gu[r * 2 * ffn + ffn + c];
         const float v = g / (1.0f + expf(-g)) * u;
-        out[i] = v;
+        if (out)
+            out[i] = v;
         ecu_twin_store(low, kind, i, v);
     }
 }
 
 /* the stacked form, 4 elements a thread: ffn4 = ffn / 4, total4 = n * ffn4 < 2^31 */
-static __global__ void s_swiglu_fused4_kernel(float4 *out /* (n, ffn4) */,
-                                              const float4 *gu /* (n, 2 ffn4) */, unsigned ffn4,
-                                              unsigned total4, void *low /* (n, 4 ffn4) */,
+static __global__ void s_swiglu_fused4_kernel(float4 *out /* (n, ffn4), or NULL */,
+                                              const float4 *gu /* (n, 2 ffn4) */,
+                                              unsigned ffn4,
+                                              unsigned total4,
+                                              void *low /* (n, 4 ffn4) */,
                                               int kind /* ECU_TWIN_* */)
 {
     ecu_pdl_trigger();
@@ -58,7 +65,8 @@ static __global__ void s_swiglu_fused4_kernel(float4 *out /* (n, ffn4) */,
         const float4 v =
             make_float4(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
                         g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
-        out[i] = v;
+        if (out)
+            out[i] = v;
         ecu_twin_store4(low, kind, i, v);
     }
 }
@@ -84,7 +92,7 @@ extern "C" int ecu_swiglu(eng_backend_t *be, float *out, const float *gate, cons
 int ecu_swiglu_fused_twin(ecu_state_t *st, float *out, const float *gu, int n, int ffn,
                           void *low, int kind)
 {
-    if (!out || !gu || n <= 0 || ffn <= 0 || out == gu)
+    if ((!out && !low) || !gu || n <= 0 || ffn <= 0 || out == gu)
         return -EINVAL;
     size_t total = (size_t)n * ffn;
     if (ffn % 4 == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)gu % 16 == 0 &&

@@ -150,7 +150,9 @@ typedef struct {
     int kv_block_size;          /* the KV cache's block size, as last given (0: not yet) */
     long long group_plans, group_tiles; /* plans with group tiles, and their tiles (a log line) */
     int twin_on;                /* producers write rounded twins (ecu_twin_begin; default; A/B) */
+    int twin_only;              /* a SwiGLU linear told out_for_next writes the twin alone (A/B) */
     int norm_vec;               /* norms with 16-byte accesses (norm.cu; default; A/B) */
+    int rope_vec;               /* rope + KV store two pairs a thread (rope.cu; default; A/B) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     ecu_buf_t lt_ws;
@@ -171,6 +173,9 @@ typedef struct {
         eng_dtype_t dtype;
     } twin;
     eng_dtype_t twin_dtype;
+    /* a SwiGLU linear's out left unwritten for its twin (eng_linear_t.out_for_next,
+       st->twin_only): the next linear must read x = this through the twin, or fails */
+    const float *twin_unwritten;
     ecu_buf_t lin_x, lin_y;     /* linear() composed op by op: normalised input, product */
     ecu_buf_t idx[ECU_IDX_N];   /* per-op uploads of host index arrays */
 
@@ -329,7 +334,8 @@ static inline void ecu_twin_drop(ecu_state_t *st)
 {
     st->twin.of = NULL;
 }
-/* swiglu_fused that also stores each value through ecu_twin_store(low, kind) (act.cu) */
+/* swiglu_fused that also stores each value through ecu_twin_store(low, kind) (act.cu); out
+   NULL: the twin alone (low not NULL) */
 int ecu_swiglu_fused_twin(
     ecu_state_t *st, float *out, const float *gu, int n, int ffn, void *low, int kind);
 

@@ -865,9 +865,13 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
         void *low;
         int kind;
         ECU_TRY(ecu_twin_begin(st, out, n, out_dim / 2, dtype, &low, &kind));
-        const int rc = ecu_swiglu_fused_twin(st, out, y, n, out_dim / 2, low, kind);
+        /* the caller's down projection reads the twin alone: out is not written */
+        const bool only = low && f->out_for_next && st->twin_only;
+        const int rc = ecu_swiglu_fused_twin(st, only ? NULL : out, y, n, out_dim / 2, low, kind);
         if (rc)
             ecu_twin_drop(st);
+        else if (only)
+            st->twin_unwritten = out;
         return rc;
     }
     return ecu_rope_kv_store(be, out, y, f->k_cache, f->v_cache, f->pos, f->slots, n, f->n_head,
@@ -882,7 +886,15 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
     /* x's rounded twin, left by the op before (x_from_prev) in st->twinb */
     const bool twin = f && f->x_from_prev && x && st->twin.of == x && st->twin.n == n &&
                       st->twin.dim == in_dim && st->twin.dtype == dtype;
+    const bool unwritten = x && x == st->twin_unwritten;
     ecu_twin_drop(st);
+    st->twin_unwritten = NULL;
+    if (unwritten && !twin) {
+        ANV_ERROR("cuda linear: its input was left unwritten for a rounded twin this linear "
+                  "cannot read (out_for_next broken: not the next op, x_from_prev 0 or "
+                  "another shape or dtype)");
+        return ANV_ESTATE;
+    }
     if (!out || !x || !w || !f || n <= 0 || in_dim <= 0 || out_dim <= 0 ||
         ecu_dtype_size(dtype) == 0 || out == x || f->epi < ENG_LIN_PLAIN ||
         f->epi > ENG_LIN_ROPE_KV || (f->epi == ENG_LIN_SWIGLU && out_dim % 2))

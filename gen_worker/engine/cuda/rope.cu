@@ -167,6 +167,90 @@ static __global__ void s_rope_store_kernel(float *q_out /* (n_tok, n_head, hd) f
         v_cache[slot + i] = ecu_from_f32<T>(v[i]);
 }
 
+/* Two KV values stored at once (p: 2 sizeof(T)-byte aligned) and four (4 sizeof(T)) */
+static __device__ __forceinline__ void s_st2(__nv_bfloat16 *p, float a, float b)
+{
+    *(__nv_bfloat162 *)p = __halves2bfloat162(__float2bfloat16(a), __float2bfloat16(b));
+}
+static __device__ __forceinline__ void s_st2(__nv_fp8_e4m3 *p, float a, float b)
+{
+    __nv_fp8_e4m3 x(a), y(b);
+    *(unsigned short *)p = (unsigned short)(x.__x | (unsigned short)y.__x << 8);
+}
+static __device__ __forceinline__ void s_st2(float *p, float a, float b)
+{
+    *(float2 *)p = make_float2(a, b);
+}
+template <typename T> static __device__ __forceinline__ void s_st4(T *p, float4 v)
+{
+    s_st2(p, v.x, v.y), s_st2(p + 2, v.z, v.w);
+}
+template <> __device__ __forceinline__ void s_st4<__nv_bfloat16>(__nv_bfloat16 *p, float4 v)
+{
+    __nv_bfloat162 a = __halves2bfloat162(__float2bfloat16(v.x), __float2bfloat16(v.y));
+    __nv_bfloat162 b = __halves2bfloat162(__float2bfloat16(v.z), __float2bfloat16(v.w));
+    *(uint2 *)p = make_uint2(*(unsigned *)&a, *(unsigned *)&b);
+}
+template <> __device__ __forceinline__ void s_st4<__nv_fp8_e4m3>(__nv_fp8_e4m3 *p, float4 v)
+{
+    __nv_fp8_e4m3 a(v.x), b(v.y), c(v.z), d(v.w);
+    *(unsigned *)p =
+        (unsigned)a.__x | (unsigned)b.__x << 8 | (unsigned)c.__x << 16 | (unsigned)d.__x << 24;
+}
+template <> __device__ __forceinline__ void s_st4<float>(float *p, float4 v)
+{
+    *(float4 *)p = v;
+}
+
+/* s_rope_store_kernel with wider accesses (st->rope_vec, head_dim a multiple of 4, the rows
+   16-byte aligned): an item is two neighbouring pairs (i, i + 1) of a head, so x, its
+   partner half, the angles and q are read and written 8 or 16 bytes at a time and k stored
+   2 values at a time; v 4 values an item. Each value is computed as there (the same
+   expression), so the results are the same bits. */
+template <typename T>
+static __global__ void s_rope_store2_kernel(float *q_out /* (n_tok, n_head, hd) f32 */,
+                                            const float *qkv /* (n_tok, (nh + 2 nkv) hd) f32 */,
+                                            T *k_cache,
+                                            T *v_cache /* (n_blocks, bs, nkv, hd) */,
+                                            const float2 *angles /* (n_tok, hd / 2) */,
+                                            const int32_t *slots /* device */,
+                                            int n_head,
+                                            int n_kv_head,
+                                            int head_dim)
+{
+    ecu_pdl_trigger();
+    ecu_pdl_wait();
+    const int t = blockIdx.x, half = head_dim / 2, hq = half / 2; /* items a head */
+    const int kv_row = n_kv_head * head_dim;
+    const float *src = qkv + (size_t)t * (n_head + 2 * n_kv_head) * head_dim;
+    const size_t slot = (size_t)slots[t] * kv_row;
+    const int n_items = (n_head + n_kv_head) * hq;
+    const int per = (n_items + gridDim.y - 1) / gridDim.y, lo = blockIdx.y * per;
+    const int hi = lo + per < n_items ? lo + per : n_items;
+    for (int idx = lo + threadIdx.x; idx < hi; idx += blockDim.x) {
+        const int h = idx / hq, i = 2 * (idx % hq);
+        const float *x = src + (size_t)h * head_dim; /* q heads then k heads */
+        const float4 cs = *(const float4 *)(angles + (size_t)t * half + i);
+        const float2 a = *(const float2 *)(x + i), b = *(const float2 *)(x + i + half);
+        const float ra0 = a.x * cs.x - b.x * cs.y, rb0 = b.x * cs.x + a.x * cs.y;
+        const float ra1 = a.y * cs.z - b.y * cs.w, rb1 = b.y * cs.z + a.y * cs.w;
+        if (h < n_head) {
+            float *o = q_out + ((size_t)t * n_head + h) * head_dim;
+            *(float2 *)(o + i) = make_float2(ra0, ra1);
+            *(float2 *)(o + i + half) = make_float2(rb0, rb1);
+        } else {
+            T *o = k_cache + slot + (size_t)(h - n_head) * head_dim;
+            s_st2(o + i, ra0, ra1);
+            s_st2(o + i + half, rb0, rb1);
+        }
+    }
+    const float *v = src + (size_t)(n_head + n_kv_head) * head_dim;
+    const int n4 = kv_row / 4, vper = (n4 + gridDim.y - 1) / gridDim.y, vlo = blockIdx.y * vper;
+    const int vhi = vlo + vper < n4 ? vlo + vper : n4;
+    for (int i = vlo + threadIdx.x; i < vhi; i += blockDim.x)
+        s_st4(v_cache + slot + 4 * (size_t)i, *(const float4 *)(v + 4 * (size_t)i));
+}
+
 #define ECU_ROPE_THREADS 128
 
 extern "C" int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *qkv, void *k_cache,
@@ -183,6 +267,25 @@ extern "C" int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *q
     ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, slots, n_tok, &d_slots));
     int n_pairs = (n_head + n_kv_head) * (head_dim / 2);
     dim3 grid(n_tok, (n_pairs + ECU_ROPE_THREADS - 1) / ECU_ROPE_THREADS), block(ECU_ROPE_THREADS);
+    /* two pairs an item: the rows (and so every 8- and 16-byte access) aligned */
+    const bool vec =
+        st->rope_vec && head_dim % 4 == 0 && ((uintptr_t)q_out | (uintptr_t)qkv) % 16 == 0;
+    if (vec) {
+        grid.y = (n_pairs / 2 + ECU_ROPE_THREADS - 1) / ECU_ROPE_THREADS;
+        if (be->kv_dtype == ENG_DTYPE_BF16)
+            ECU_CHECK(ecu_launch(st, s_rope_store2_kernel<__nv_bfloat16>, grid, block, 0, q_out,
+                                 qkv, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, tab,
+                                 d_slots, n_head, n_kv_head, head_dim));
+        else if (be->kv_dtype == ENG_DTYPE_F8E4M3)
+            ECU_CHECK(ecu_launch(st, s_rope_store2_kernel<__nv_fp8_e4m3>, grid, block, 0, q_out,
+                                 qkv, (__nv_fp8_e4m3 *)k_cache, (__nv_fp8_e4m3 *)v_cache, tab,
+                                 d_slots, n_head, n_kv_head, head_dim));
+        else
+            ECU_CHECK(ecu_launch(st, s_rope_store2_kernel<float>, grid, block, 0, q_out, qkv,
+                                 (float *)k_cache, (float *)v_cache, tab, d_slots, n_head,
+                                 n_kv_head, head_dim));
+        return 0;
+    }
     if (be->kv_dtype == ENG_DTYPE_BF16)
         ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_bfloat16>, grid, block, 0,
                              q_out, qkv, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache,

@@ -24,7 +24,12 @@
                 wall time (prefill included), the number of prefills (= prompts when prefix
                 sharing works), the peak KV tokens held and a hash of every sample's tokens:
                 --grpo-no-sharing prefills each sample on its own, and on a backend whose
-                rows do not depend on the batch (the CPU) gives the same hash.
+                rows do not depend on the batch (the CPU) gives the same hash. Where a
+                decode step's time goes besides the GPU: ms a decode-only step of host work
+                while the GPU idles (decode_host_ms: from the step's tokens read back to the
+                next launch; decode_fwd_ms of it inside the engine's forward: padding, plan,
+                uploads, launch) and of the sampler's call (decode_wait_ms: the wait for the
+                step's kernels), and the graphs captured and steps run without one.
     linear      (--linear B1,B2..., off by default) each product of a layer through the
                 backend's fused linear op at batch B, with the model's epilogues (QKV + norm
                 + rope + KV store, O + residual add, gate|up + norm + SwiGLU, down + residual
@@ -398,7 +403,13 @@ struct s_grp {
 
 typedef struct {
     double wall_s, prefill_s, tok_s, mean_batch;
+    /* decode-only steps, while the GPU idles: host_s the whole of the host's work between a
+       step's tokens and the next step's launch, fwd_s its part in eng_bm_forward (the graph's
+       padding, the backend's plan and uploads, the launch); wait_s the sampler's call (its
+       launch and the wait for the step's tokens). On the CPU backend fwd_s is the forward. */
+    double host_s, fwd_s, wait_s;
     long long generated, expected, steps, decode_steps, graph_steps, prefill_tokens;
+    long long captures, eager; /* graphs captured and steps run without one (CUDA) */
     uint64_t tokens_hash; /* of every sample's tokens, in (prompt, sample) order */
     int prefills, finished, kv_capacity_tokens, kv_peak_tokens, peak_running;
 } s_grpo_t;
@@ -508,10 +519,13 @@ static int s_grpo(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, doubl
     eng_bm_set_graphs(m, o->graphs);
     res->kv_capacity_tokens = (int)(cap * bs);
 
-    long long committed = 0, dec_tok = 0;
+    long long committed = 0, dec_tok = 0, cap0 = 0, eager0 = 0;
     int next = 0, running = 0, live_groups = 0;
+    if (x->cuda)
+        eng_cuda_graph_stats(be, &cap0, NULL, &eager0);
     double t0 = s_now(), prefill_t = 0;
     while (next < G || live_groups > 0) {
+        const double t_it = s_now();
         /* admission: a whole group when the KV it will hold fits */
         while (next < G && committed + grp[next].need <= cap && running + n <= o->grpo_max_batch) {
             grp[next].state = 1;
@@ -609,11 +623,14 @@ static int s_grpo(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, doubl
         eng_attn_batch_t batch = {ns, qs, ctxl, tables, max_blocks};
         float *logits;
         double ts = s_now();
-        if ((rc = eng_bm_forward(m, &batch, ids, pos, slots, rows, nr, &logits)) ||
-            (rc = s_sample(x, logits, nr, sp, tok, lp)))
+        if ((rc = eng_bm_forward(m, &batch, ids, pos, slots, rows, nr, &logits)))
             goto out;
+        const double tf = s_now();
+        if ((rc = s_sample(x, logits, nr, sp, tok, lp)))
+            goto out;
+        const double t_tok = s_now();
         if (nt > n_dec)
-            prefill_t += s_now() - ts;
+            prefill_t += t_tok - ts;
         res->steps++;
         res->decode_steps += nt == n_dec;
         dec_tok += n_dec;
@@ -654,8 +671,13 @@ static int s_grpo(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, doubl
                 live_groups--;
             }
         }
+        if (nt == n_dec) /* the step's tokens were read back: the GPU idles until tf */
+            res->host_s += (tf - t_it) + (s_now() - t_tok), res->fwd_s += tf - ts,
+                res->wait_s += t_tok - tf;
     }
     res->wall_s = s_now() - t0;
+    if (x->cuda && eng_cuda_graph_stats(be, &res->captures, NULL, &res->eager) == 0)
+        res->captures -= cap0, res->eager -= eager0;
     res->prefill_s = prefill_t;
     res->tok_s = res->generated / res->wall_s;
     res->mean_batch = res->steps ? (double)dec_tok / res->steps : 0;
@@ -1000,6 +1022,10 @@ int main(int argc, char **argv)
     if (o.grpo_prompts > 0) {
         if (s_grpo(&x, &c, &o, copy_gbps, &gr))
             goto out;
+        /* ms a decode-only step: the host's work between steps, the sampler's call */
+        const double nd = gr.decode_steps > 0 ? (double)gr.decode_steps : 1.0;
+        const double dhost = 1e3 * gr.host_s / nd, dwait = 1e3 * gr.wait_s / nd;
+        const double dfwd = 1e3 * gr.fwd_s / nd;
         if (o.json)
             printf("{\"bench\":\"grpo\",\"device\":\"%s\",\"prompts\":%d,\"samples\":%d,"
                    "\"prompt\":%d,\"min_new\":%d,\"max_new\":%d,\"graphs\":%s,\"tok_s\":%.1f,"
@@ -1007,25 +1033,30 @@ int main(int argc, char **argv)
                    "\"prefill_s\":%.3f,\"prefills\":%d,\"prefill_tokens\":%lld,\"steps\":%lld,"
                    "\"decode_steps\":%lld,\"graph_steps\":%lld,\"mean_batch\":%.1f,"
                    "\"peak_running\":%d,\"kv_peak_tokens\":%d,\"kv_capacity_tokens\":%d,"
-                   "\"sharing\":%s,\"tokens_hash\":\"%016llx\"}\n",
+                   "\"decode_host_ms\":%.3f,\"decode_fwd_ms\":%.3f,\"decode_wait_ms\":%.3f,\"graph_"
+                   "captures\":%lld,"
+                   "\"graph_eager\":%lld,\"sharing\":%s,\"tokens_hash\":\"%016llx\"}\n",
                    dev, o.grpo_prompts, o.grpo_samples, o.grpo_prompt, o.grpo_min_new,
-                   o.grpo_max_new, o.graphs ? "true" : "false", gr.tok_s, gr.generated,
-                   gr.expected, gr.finished, gr.wall_s, gr.prefill_s, gr.prefills,
-                   gr.prefill_tokens, gr.steps, gr.decode_steps, gr.graph_steps, gr.mean_batch,
-                   gr.peak_running, gr.kv_peak_tokens, gr.kv_capacity_tokens,
-                   o.grpo_no_sharing ? "false" : "true", (unsigned long long)gr.tokens_hash);
+                   o.grpo_max_new, o.graphs ? "true" : "false", gr.tok_s, gr.generated, gr.expected,
+                   gr.finished, gr.wall_s, gr.prefill_s, gr.prefills, gr.prefill_tokens, gr.steps,
+                   gr.decode_steps, gr.graph_steps, gr.mean_batch, gr.peak_running,
+                   gr.kv_peak_tokens, gr.kv_capacity_tokens, dhost, dfwd, dwait, gr.captures,
+                   gr.eager, o.grpo_no_sharing ? "false" : "true",
+                   (unsigned long long)gr.tokens_hash);
         else
-            printf("grpo prompts=%d samples=%d prompt=%d new=%d..%d graphs=%s tok_s=%.1f "
-                   "generated=%lld expected=%lld finished=%d wall_s=%.3f prefill_s=%.3f "
-                   "prefills=%d prefill_tokens=%lld steps=%lld decode_steps=%lld "
-                   "graph_steps=%lld mean_batch=%.1f peak_running=%d kv_peak_tokens=%d "
-                   "kv_capacity_tokens=%d sharing=%s tokens_hash=%016llx\n",
-                   o.grpo_prompts, o.grpo_samples, o.grpo_prompt, o.grpo_min_new,
-                   o.grpo_max_new, o.graphs ? "on" : "off", gr.tok_s, gr.generated,
-                   gr.expected, gr.finished, gr.wall_s, gr.prefill_s, gr.prefills,
-                   gr.prefill_tokens, gr.steps, gr.decode_steps, gr.graph_steps, gr.mean_batch,
-                   gr.peak_running, gr.kv_peak_tokens, gr.kv_capacity_tokens,
-                   o.grpo_no_sharing ? "off" : "on", (unsigned long long)gr.tokens_hash);
+            printf(
+                "grpo prompts=%d samples=%d prompt=%d new=%d..%d graphs=%s tok_s=%.1f "
+                "generated=%lld expected=%lld finished=%d wall_s=%.3f prefill_s=%.3f "
+                "prefills=%d prefill_tokens=%lld steps=%lld decode_steps=%lld "
+                "graph_steps=%lld mean_batch=%.1f peak_running=%d kv_peak_tokens=%d "
+                "kv_capacity_tokens=%d decode_host_ms=%.3f decode_fwd_ms=%.3f decode_wait_ms=%.3f "
+                "graph_captures=%lld graph_eager=%lld sharing=%s tokens_hash=%016llx\n",
+                o.grpo_prompts, o.grpo_samples, o.grpo_prompt, o.grpo_min_new, o.grpo_max_new,
+                o.graphs ? "on" : "off", gr.tok_s, gr.generated, gr.expected, gr.finished,
+                gr.wall_s, gr.prefill_s, gr.prefills, gr.prefill_tokens, gr.steps, gr.decode_steps,
+                gr.graph_steps, gr.mean_batch, gr.peak_running, gr.kv_peak_tokens,
+                gr.kv_capacity_tokens, dhost, dfwd, dwait, gr.captures, gr.eager,
+                o.grpo_no_sharing ? "off" : "on", (unsigned long long)gr.tokens_hash);
         fflush(stdout);
     }
     if (o.json) {

@@ -370,6 +370,7 @@ static int s_ops_linear(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_
         add.x_from_prev = 1; /* O reads the attention's out, down the gate|up linear's */
         S_TRY(be->linear(be, m->x, m->att, L->wo, NULL, wt, n, qd, H, &add));
         gu.norm_w = L->mlp_norm, gu.epi = ENG_LIN_SWIGLU;
+        gu.out_for_next = 1; /* only down reads act, next, in the same dtype */
         S_TRY(be->linear(be, m->act, m->x, L->w_gu, NULL, wt, n, H, 2 * c->ffn, &gu));
         S_TRY(be->linear(be, m->x, m->act, L->w_down, NULL, wt, n, c->ffn, H, &add));
     }
