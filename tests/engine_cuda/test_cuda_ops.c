@@ -491,10 +491,7 @@ static void test_attention_groups(eng_dtype_t kv, int hd, int nh, int nkv)
     enum { NS = 23, MB = 64 };
     const int bs = 16, nb = NS * MB;
     char name[160];
-    char *was = s_env_swap("ANVIL_CUDA_ATTN_GROUP", "0");
-    eng_backend_t *solo = eng_cuda_backend_new_kv(kv);
-    free(s_env_swap("ANVIL_CUDA_ATTN_GROUP", was));
-    free(was);
+    eng_backend_t *solo = s_backend_with(kv, "ANVIL_CUDA_ATTN_GROUP", "0");
     eng_backend_t *grp = eng_cuda_backend_new_kv(kv);
     ecu_t_check(solo && grp, "backends with and without group tiles");
     if (!solo || !grp) {
@@ -981,10 +978,7 @@ static void test_twins(eng_dtype_t dt, int N)
     s_twin_case_t c = {.n = N, .H = 512, .F = 768, .nh = 8, .nkv = 2, .hd = 64, .bs = 16, .mb = 8};
     const int H = c.H, F = c.F, Q = c.nh * c.hd;
     size_t es = eng_dtype_size(dt), pool = (size_t)N * c.mb * c.bs * c.nkv * c.hd;
-    char *was = s_env_swap("ANVIL_CUDA_TWIN", "0");
-    eng_backend_t *off = eng_cuda_backend_new_kv(ENG_DTYPE_BF16);
-    free(s_env_swap("ANVIL_CUDA_TWIN", was));
-    free(was);
+    eng_backend_t *off = s_backend_with(ENG_DTYPE_BF16, "ANVIL_CUDA_TWIN", "0");
     ecu_t_check(off != NULL, "a backend with ANVIL_CUDA_TWIN=0");
     if (!off)
         return;

@@ -167,39 +167,19 @@ static __global__ void s_rope_store_kernel(float *q_out /* (n_tok, n_head, hd) f
         v_cache[slot + i] = ecu_from_f32<T>(v[i]);
 }
 
-/* Two KV values stored at once (p: 2 sizeof(T)-byte aligned) and four (4 sizeof(T)) */
-static __device__ __forceinline__ void s_st2(__nv_bfloat16 *p, float a, float b)
+/* N consecutive values rounded to T (ecu_from_f32) with one store at p (N sizeof(T)-byte
+   aligned) */
+template <typename T, int N> struct alignas(N * sizeof(T)) s_vals {
+    T h[N];
+};
+template <typename T, int N>
+static __device__ __forceinline__ void s_store_n(T *p, const float (&v)[N])
 {
-    *(__nv_bfloat162 *)p = __halves2bfloat162(__float2bfloat16(a), __float2bfloat16(b));
-}
-static __device__ __forceinline__ void s_st2(__nv_fp8_e4m3 *p, float a, float b)
-{
-    __nv_fp8_e4m3 x(a), y(b);
-    *(unsigned short *)p = (unsigned short)(x.__x | (unsigned short)y.__x << 8);
-}
-static __device__ __forceinline__ void s_st2(float *p, float a, float b)
-{
-    *(float2 *)p = make_float2(a, b);
-}
-template <typename T> static __device__ __forceinline__ void s_st4(T *p, float4 v)
-{
-    s_st2(p, v.x, v.y), s_st2(p + 2, v.z, v.w);
-}
-template <> __device__ __forceinline__ void s_st4<__nv_bfloat16>(__nv_bfloat16 *p, float4 v)
-{
-    __nv_bfloat162 a = __halves2bfloat162(__float2bfloat16(v.x), __float2bfloat16(v.y));
-    __nv_bfloat162 b = __halves2bfloat162(__float2bfloat16(v.z), __float2bfloat16(v.w));
-    *(uint2 *)p = make_uint2(*(unsigned *)&a, *(unsigned *)&b);
-}
-template <> __device__ __forceinline__ void s_st4<__nv_fp8_e4m3>(__nv_fp8_e4m3 *p, float4 v)
-{
-    __nv_fp8_e4m3 a(v.x), b(v.y), c(v.z), d(v.w);
-    *(unsigned *)p =
-        (unsigned)a.__x | (unsigned)b.__x << 8 | (unsigned)c.__x << 16 | (unsigned)d.__x << 24;
-}
-template <> __device__ __forceinline__ void s_st4<float>(float *p, float4 v)
-{
-    *(float4 *)p = v;
+    s_vals<T, N> o;
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        o.h[j] = ecu_from_f32<T>(v[j]);
+    *(s_vals<T, N> *)p = o;
 }
 
 /* s_rope_store_kernel with wider accesses (st->rope_vec, head_dim a multiple of 4, the rows
@@ -240,18 +220,44 @@ static __global__ void s_rope_store2_kernel(float *q_out /* (n_tok, n_head, hd) 
             *(float2 *)(o + i + half) = make_float2(rb0, rb1);
         } else {
             T *o = k_cache + slot + (size_t)(h - n_head) * head_dim;
-            s_st2(o + i, ra0, ra1);
-            s_st2(o + i + half, rb0, rb1);
+            s_store_n<T, 2>(o + i, {ra0, ra1});
+            s_store_n<T, 2>(o + i + half, {rb0, rb1});
         }
     }
     const float *v = src + (size_t)(n_head + n_kv_head) * head_dim;
     const int n4 = kv_row / 4, vper = (n4 + gridDim.y - 1) / gridDim.y, vlo = blockIdx.y * vper;
     const int vhi = vlo + vper < n4 ? vlo + vper : n4;
-    for (int i = vlo + threadIdx.x; i < vhi; i += blockDim.x)
-        s_st4(v_cache + slot + 4 * (size_t)i, *(const float4 *)(v + 4 * (size_t)i));
+    for (int i = vlo + threadIdx.x; i < vhi; i += blockDim.x) {
+        const float4 u = *(const float4 *)(v + 4 * (size_t)i);
+        s_store_n<T, 4>(v_cache + slot + 4 * (size_t)i, {u.x, u.y, u.z, u.w});
+    }
 }
 
 #define ECU_ROPE_THREADS 128
+
+/* one launch of the fused rope + store in KV type T: s_rope_store2_kernel (two pairs an item)
+   when vec, else s_rope_store_kernel (the two share a signature) */
+template <typename T>
+static int s_rope_store_go(ecu_state_t *st,
+                           bool vec,
+                           float *q_out,
+                           const float *qkv,
+                           void *k_cache,
+                           void *v_cache,
+                           const float2 *tab,
+                           const int32_t *d_slots,
+                           int n_tok,
+                           int n_head,
+                           int n_kv_head,
+                           int head_dim)
+{
+    const int items = (n_head + n_kv_head) * (head_dim / 2) / (vec ? 2 : 1);
+    const dim3 grid(n_tok, (items + ECU_ROPE_THREADS - 1) / ECU_ROPE_THREADS);
+    ECU_CHECK(ecu_launch(st, vec ? s_rope_store2_kernel<T> : s_rope_store_kernel<T>, grid,
+                         dim3(ECU_ROPE_THREADS), 0, q_out, qkv, (T *)k_cache, (T *)v_cache, tab,
+                         d_slots, n_head, n_kv_head, head_dim));
+    return 0;
+}
 
 extern "C" int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *qkv, void *k_cache,
                                  void *v_cache, const int32_t *pos, const int32_t *slots,
@@ -265,40 +271,17 @@ extern "C" int ecu_rope_kv_store(eng_backend_t *be, float *q_out, const float *q
         return -EINVAL;
     ECU_TRY(ecu_rope_table(st, pos, n_tok, head_dim, theta, &tab));
     ECU_TRY(ecu_idx(st, ECU_IDX_SLOTS, slots, n_tok, &d_slots));
-    int n_pairs = (n_head + n_kv_head) * (head_dim / 2);
-    dim3 grid(n_tok, (n_pairs + ECU_ROPE_THREADS - 1) / ECU_ROPE_THREADS), block(ECU_ROPE_THREADS);
     /* two pairs an item: the rows (and so every 8- and 16-byte access) aligned */
     const bool vec =
         st->rope_vec && head_dim % 4 == 0 && ((uintptr_t)q_out | (uintptr_t)qkv) % 16 == 0;
-    if (vec) {
-        grid.y = (n_pairs / 2 + ECU_ROPE_THREADS - 1) / ECU_ROPE_THREADS;
-        if (be->kv_dtype == ENG_DTYPE_BF16)
-            ECU_CHECK(ecu_launch(st, s_rope_store2_kernel<__nv_bfloat16>, grid, block, 0, q_out,
-                                 qkv, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, tab,
-                                 d_slots, n_head, n_kv_head, head_dim));
-        else if (be->kv_dtype == ENG_DTYPE_F8E4M3)
-            ECU_CHECK(ecu_launch(st, s_rope_store2_kernel<__nv_fp8_e4m3>, grid, block, 0, q_out,
-                                 qkv, (__nv_fp8_e4m3 *)k_cache, (__nv_fp8_e4m3 *)v_cache, tab,
-                                 d_slots, n_head, n_kv_head, head_dim));
-        else
-            ECU_CHECK(ecu_launch(st, s_rope_store2_kernel<float>, grid, block, 0, q_out, qkv,
-                                 (float *)k_cache, (float *)v_cache, tab, d_slots, n_head,
-                                 n_kv_head, head_dim));
-        return 0;
-    }
     if (be->kv_dtype == ENG_DTYPE_BF16)
-        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_bfloat16>, grid, block, 0,
-                             q_out, qkv, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache,
-                             tab, d_slots, n_head, n_kv_head, head_dim));
-    else if (be->kv_dtype == ENG_DTYPE_F8E4M3)
-        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<__nv_fp8_e4m3>, grid, block, 0,
-                             q_out, qkv, (__nv_fp8_e4m3 *)k_cache, (__nv_fp8_e4m3 *)v_cache,
-                             tab, d_slots, n_head, n_kv_head, head_dim));
-    else
-        ECU_CHECK(ecu_launch(st, s_rope_store_kernel<float>, grid, block, 0, q_out,
-                             qkv, (float *)k_cache, (float *)v_cache, tab, d_slots, n_head,
-                             n_kv_head, head_dim));
-    return 0;
+        return s_rope_store_go<__nv_bfloat16>(st, vec, q_out, qkv, k_cache, v_cache, tab, d_slots,
+                                              n_tok, n_head, n_kv_head, head_dim);
+    if (be->kv_dtype == ENG_DTYPE_F8E4M3)
+        return s_rope_store_go<__nv_fp8_e4m3>(st, vec, q_out, qkv, k_cache, v_cache, tab, d_slots,
+                                              n_tok, n_head, n_kv_head, head_dim);
+    return s_rope_store_go<float>(st, vec, q_out, qkv, k_cache, v_cache, tab, d_slots, n_tok,
+                                  n_head, n_kv_head, head_dim);
 }
 
 extern "C" int ecu_copy_block(eng_backend_t *be, void *k_cache, void *v_cache, int src, int dst,
