@@ -12,6 +12,9 @@
     a rounding kernel that read the output again; when the linear's caller says the down
     projection alone reads the output (eng_linear_t.out_for_next) it writes the twin alone,
     10 bytes an element moved instead of 14 (st->twin_only; ANVIL_CUDA_TWIN_ONLY=0 is the A/B).
+    The product it reads is itself written in the weights' dtype there (st->gu_low, matmul.cu;
+    ANVIL_CUDA_GU_LOW=0 for fp32): gate and up each rounded once, as a bf16 model computes
+    them, so SwiGLU reads 2 bytes an element of gu instead of 4 (s_gu4: one 8-byte load).
 */
 #include "eng_cuda_internal.h"
 

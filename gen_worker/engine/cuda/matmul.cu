@@ -28,7 +28,10 @@
     input itself, the residual add is cuBLASLt's beta; SwiGLU and the attention's combine write
     their output rounded too, a rounded twin in twinb that the next product reads when the
     caller says x_from_prev: ecu_twin_begin; on the H100, 2026-12-05, graphs: +1.1 % at batch
-    4, 16 and 64, +0.8 % at 256, +0.5 % at 256 x 2k fp8; ANVIL_CUDA_TWIN=0 is the A/B).
+    4, 16 and 64, +0.8 % at 256, +0.5 % at 256 x 2k fp8; ANVIL_CUDA_TWIN=0 is the A/B). A
+    composed gate|up product is written in the weights' dtype (cuBLASLt rounds its fp32 sums
+    once; st->gu_low, ANVIL_CUDA_GU_LOW=0 for fp32), half the bytes written and read back by
+    SwiGLU: gate and up as a bf16 model has them, within the CPU's bf16 tolerance.
     Measured on the H200 and removed (graphs tok/s at batch 1 against the default): a cp.async
     ring GEMV on a persistent grid (x0.875), the norm folded into W at batch 1 too (x0.916), a
     successor prefetch (the last resident wave bulk-prefetching the next product's first 16
