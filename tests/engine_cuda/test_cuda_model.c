@@ -218,6 +218,8 @@ int main(int argc, char **argv)
         return 1;
     }
     test_greedy(cpu, g32, steps);
+    /* bf16 KV: 0.077 measured with the fp32 gate|up product, 0.087 with it in bf16 (the
+       default since 2026-12-06, ANVIL_CUDA_GU_LOW), H100 */
     test_batch_teacher_forced(cpu, gbf, steps, 0.1, 95);
     /* fp8 KV (--kv-dtype fp8): e4m3 keeps 3 mantissa bits to bf16's 7, a rounding step 16x
        bf16's, so the bound is 16x the bf16 case's measured 0.077 (~1.2), rounded down to 1.0;

@@ -973,6 +973,88 @@ static void test_twin_only(eng_dtype_t dt, int N)
     free(h_gu), free(h_d), free(h_g), free(pat), free(gate_h);
 }
 
+/* The gate|up product in the weights' dtype (st->gu_low, ANVIL_CUDA_GU_LOW): a SwiGLU linear
+   on N rows that run on cuBLASLt (with the norm: its rounded input from the norm; without:
+   x rounded apart) gives silu(g) u of the product rounded to dt. Against the host's SwiGLU
+   of the same backend's f32 product (a plain linear over gate|up), rounded to dt: within a
+   few values whose fp32 sums straddle a rounding boundary (bf16: 3e-4, a tenth of the
+   rounding's own error, so the check tells the two apart); with ANVIL_CUDA_GU_LOW=0 the f32
+   product's SwiGLU itself (1e-6); both within the CPU composition's tolerance (test_linear
+   with both backends); and the two backends' outputs differ. */
+static float s_round_to(float v, eng_dtype_t dt)
+{
+    float r;
+    uint16_t h;
+    if (dt == ENG_DTYPE_BF16) {
+        h = ecu_t_bf16(v);
+    } else {
+        _Float16 f = (_Float16)v;
+        memcpy(&h, &f, 2);
+    }
+    eng_cpu_widen(&r, &h, dt, 0, 1);
+    return r;
+}
+
+static void test_gu_low(eng_dtype_t dt, int N, int norm)
+{
+    const int H = 1024, F = 1536;
+    const size_t es = eng_dtype_size(dt), yn = (size_t)N * F;
+    float *w = s_rand((size_t)2 * F * H, 0.05f), *g = s_rand(H, 0.5f);
+    float *x = s_rand((size_t)N * H, 2.0f);
+    for (int i = 0; i < H; i++)
+        g[i] += 1.0f;
+    float *wr = malloc((size_t)2 * F * H * 4), *gr = malloc(H * 4);
+    void *wh = s_weights(w, (size_t)2 * F * H, dt, wr), *gh = s_weights(g, H, dt, gr);
+    float *prod = malloc((size_t)N * 2 * F * 4), *r16 = malloc(yn * 4), *r32 = malloc(yn * 4);
+    float *got[2] = {malloc(yn * 4), malloc(yn * 4)};
+    eng_backend_t *bes[2] = {gpu, s_backend_with(ENG_DTYPE_BF16, "ANVIL_CUDA_GU_LOW", "0")};
+    const char *tag[2] = {"", " (ANVIL_CUDA_GU_LOW=0)"};
+    char name[200];
+    int ok = bes[1] != NULL;
+    for (int k = 0; k < 2 && ok; k++) {
+        eng_backend_t *be = bes[k];
+        void *dw = ecu_t_put(be, wh, (size_t)2 * F * H * es), *dg = ecu_t_put(be, gh, H * es);
+        float *dx = ecu_t_put(be, x, (size_t)N * H * 4), *dy = be->alloc(be, yn * 4);
+        float *dp = be->alloc(be, (size_t)N * 2 * F * 4);
+        eng_linear_t gu = {0}, pl = {0};
+        gu.norm_w = norm ? dg : NULL, gu.norm_dtype = dt, gu.eps = 1e-6f, gu.epi = ENG_LIN_SWIGLU;
+        pl = gu, pl.epi = ENG_LIN_PLAIN;
+        int rc = be->linear(be, dy, dx, dw, NULL, dt, N, H, 2 * F, &gu);
+        rc |= be->linear(be, dp, dx, dw, NULL, dt, N, H, 2 * F, &pl);
+        ecu_t_get(be, got[k], dy, yn * 4);
+        ecu_t_get(be, prod, dp, (size_t)N * 2 * F * 4);
+        for (int r = 0; r < N; r++)
+            for (int c = 0; c < F; c++) {
+                const float *p = prod + (size_t)r * 2 * F;
+                float a = p[c], b = p[F + c];
+                r32[(size_t)r * F + c] = a / (1.0f + expf(-a)) * b;
+                a = s_round_to(a, dt), b = s_round_to(b, dt);
+                r16[(size_t)r * F + c] = a / (1.0f + expf(-a)) * b;
+            }
+        snprintf(name, sizeof(name), "gate|up %s n=%d%s%s: rc 0", eng_dtype_name(dt), N,
+                 norm ? " +norm" : "", tag[k]);
+        ecu_t_check(rc == 0, name);
+        snprintf(name, sizeof(name), "gate|up %s n=%d%s%s: SwiGLU of the %s product",
+                 eng_dtype_name(dt), N, norm ? " +norm" : "", tag[k], k ? "f32" : "rounded");
+        ecu_t_close(name, got[k], k ? r32 : r16, yn, k ? 1e-6 : dt == ENG_DTYPE_BF16 ? 3e-4 : 1e-4);
+        be->free(be, dw), be->free(be, dg), be->free(be, dx), be->free(be, dy), be->free(be, dp);
+    }
+    snprintf(name, sizeof(name),
+             "gate|up %s n=%d%s: a backend with ANVIL_CUDA_GU_LOW=0, and the "
+             "two outputs differ",
+             eng_dtype_name(dt), N, norm ? " +norm" : "");
+    ecu_t_check(ok && memcmp(got[0], got[1], yn * 4) != 0, name);
+    if (ok) {
+        s_lin_tag = tag[1];
+        test_linear(bes[1], dt, ENG_LIN_SWIGLU, N, H, 2 * F, norm, 0);
+        s_lin_tag = "";
+        test_linear(gpu, dt, ENG_LIN_SWIGLU, N, H, 2 * F, norm, 0);
+        bes[1]->destroy(&bes[1]);
+    }
+    free(w), free(g), free(x), free(wr), free(gr), free(wh), free(gh), free(prod), free(r16);
+    free(r32), free(got[0]), free(got[1]);
+}
+
 static void test_twins(eng_dtype_t dt, int N)
 {
     s_twin_case_t c = {.n = N, .H = 512, .F = 768, .nh = 8, .nkv = 2, .hd = 64, .bs = 16, .mb = 8};
@@ -1460,6 +1542,9 @@ int main(int argc, char **argv)
     test_twins(ENG_DTYPE_BF16, 8);
     test_twin_only(ENG_DTYPE_BF16, 16);
     test_twin_only(ENG_DTYPE_F16, 16);
+    test_gu_low(ENG_DTYPE_BF16, 16, 1);
+    test_gu_low(ENG_DTYPE_BF16, 64, 0);
+    test_gu_low(ENG_DTYPE_F16, 33, 1);
     test_softmax_sample(gpu, "blocks a row by batch (the default)");
     s_sample_timing(gpu, "blocks a row by batch (the default)");
     /* each sampler fixed (ANVIL_CUDA_SAMPLE_BLOCKS=1 / 8), and the default without its

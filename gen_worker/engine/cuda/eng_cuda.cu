@@ -599,6 +599,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            (eng_linear_t.out_for_next) writes only the twin (act.cu); ANVIL_CUDA_TWIN_ONLY=0
            writes out too (A/B) */
         st->twin_only = s_env_on("ANVIL_CUDA_TWIN_ONLY");
+        /* a composed gate|up product (cuBLASLt rows) written in the weights' dtype, which
+           SwiGLU reads (matmul.cu, act.cu); ANVIL_CUDA_GU_LOW=0 writes it in fp32 (A/B) */
+        st->gu_low = s_env_on("ANVIL_CUDA_GU_LOW");
         /* the norms with 16-byte loads and stores, a quarter of the threads a row
            (s_norm4_kernel, norm.cu); ANVIL_CUDA_NORM_VEC=0 for the scalar kernel (A/B) */
         st->norm_vec = s_env_on("ANVIL_CUDA_NORM_VEC");
@@ -658,15 +661,16 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->sample = ecu_sample;
     ANV_INFO(
         "cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
-        "%s%s%s, tensor-core skinny products up to %d rows, rounded twins %s%s, %s norms, %s rope "
-        "store, decode attention %s%s%s%s%s, sampler %s%s",
+        "%s%s%s, tensor-core skinny products up to %d rows, rounded twins %s%s, gate|up product "
+        "in %s, %s norms, %s rope store, decode attention %s%s%s%s%s, sampler %s%s",
         prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
         st->pdl ? "on" : "off", st->gemv_max,
         st->gemv_persist ? "persistent (staged norm)" : "a block a group",
         st->gemv_rope ? "" : ", rope apart", st->gemv_balance ? ", whole rounds" : ", every slot",
         st->skinny_max, st->twin_on ? "on" : "off",
         st->twin_on && st->twin_only ? " (SwiGLU's alone)" : "",
-        st->norm_vec ? "16-byte" : "scalar", st->rope_vec ? "vector" : "scalar",
+        st->gu_low ? "the weights' dtype" : "fp32", st->norm_vec ? "16-byte" : "scalar",
+        st->rope_vec ? "vector" : "scalar",
         st->attn_mma ? "mma (bf16/fp8 KV, 4 or 8 heads a KV head)" : "fma",
         st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
         st->attn_kv_inner ? ", KV heads inner" : "",

@@ -127,7 +127,7 @@ typedef struct {
 #define ECU_STAGE_BYTES ((size_t)64 << 20)
 
 typedef struct {
-    int m, n, k, dtype, acc, valid; /* acc: beta 1 (D = C + A B) */
+    int m, n, k, dtype, acc, low, valid; /* acc: beta 1 (D = C + A B); low: D in dtype */
     cublasLtMatmulAlgo_t algo;
 } ecu_lt_algo_t;
 
@@ -151,6 +151,7 @@ typedef struct {
     long long group_plans, group_tiles; /* plans with group tiles, and their tiles (a log line) */
     int twin_on;                /* producers write rounded twins (ecu_twin_begin; default; A/B) */
     int twin_only;              /* a SwiGLU linear told out_for_next writes the twin alone (A/B) */
+    int gu_low;                 /* a composed gate|up product written in the weights' dtype (A/B) */
     int norm_vec;               /* norms with 16-byte accesses (norm.cu; default; A/B) */
     int rope_vec;               /* rope + KV store two pairs a thread (rope.cu; default; A/B) */
     cudaStream_t stream;
@@ -335,9 +336,10 @@ static inline void ecu_twin_drop(ecu_state_t *st)
     st->twin.of = NULL;
 }
 /* swiglu_fused that also stores each value through ecu_twin_store(low, kind) (act.cu); out
-   NULL: the twin alone (low not NULL) */
+   NULL: the twin alone (low not NULL). gu (n, 2 ffn) is f32 (gu_kind ECU_TWIN_NONE) or the
+   product written in bf16 / f16 (ECU_TWIN_BF16 / _F16: st->gu_low, matmul.cu). */
 int ecu_swiglu_fused_twin(
-    ecu_state_t *st, float *out, const float *gu, int n, int ffn, void *low, int kind);
+    ecu_state_t *st, float *out, const void *gu, int gu_kind, int n, int ffn, void *low, int kind);
 
 /* prepare() of the op table (eng_cuda.cu). */
 int ecu_prepare(eng_backend_t *be, const eng_step_t *step);

@@ -28,7 +28,10 @@
     input itself, the residual add is cuBLASLt's beta; SwiGLU and the attention's combine write
     their output rounded too, a rounded twin in twinb that the next product reads when the
     caller says x_from_prev: ecu_twin_begin; on the H100, 2026-12-05, graphs: +1.1 % at batch
-    4, 16 and 64, +0.8 % at 256, +0.5 % at 256 x 2k fp8; ANVIL_CUDA_TWIN=0 is the A/B).
+    4, 16 and 64, +0.8 % at 256, +0.5 % at 256 x 2k fp8; ANVIL_CUDA_TWIN=0 is the A/B). A
+    composed gate|up product is written in the weights' dtype (cuBLASLt rounds its fp32 sums
+    once; st->gu_low, ANVIL_CUDA_GU_LOW=0 for fp32), half the bytes written and read back by
+    SwiGLU: gate and up as a bf16 model has them, within the CPU's bf16 tolerance.
     Measured on the H200 and removed (graphs tok/s at batch 1 against the default): a cp.async
     ring GEMV on a persistent grid (x0.875), the norm folded into W at batch 1 too (x0.916), a
     successor prefetch (the last resident wave bulk-prefetching the next product's first 16
@@ -606,10 +609,21 @@ static int s_grid(ecu_state_t *st, size_t total)
 }
 
 /* cuBLASLt, column-major view: D (out_dim x n) = W^T-as-stored (in x out)^T @ x^T (in x n),
-   plus D itself when acc (beta 1: the residual add in the product's epilogue). */
-static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_dtype_t dtype,
-                int n, int in_dim, int out_dim, bool acc)
+   plus D itself when acc (beta 1: the residual add in the product's epilogue). D is f32, or
+   with low (bf16 / f16 weights, no acc) in the weights' dtype: the fp32 sums rounded once. */
+static int s_lt(ecu_state_t *st,
+                void *out,
+                const void *xw,
+                const void *w,
+                eng_dtype_t dtype,
+                int n,
+                int in_dim,
+                int out_dim,
+                bool acc,
+                bool low = false)
 {
+    if (low && (acc || dtype == ENG_DTYPE_F32))
+        return -EINVAL;
     cudaDataType_t ab = dtype == ENG_DTYPE_BF16  ? CUDA_R_16BF
                         : dtype == ENG_DTYPE_F16 ? CUDA_R_16F
                                                  : CUDA_R_32F;
@@ -626,14 +640,14 @@ static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) ||
         cublasLtMatrixLayoutCreate(&la, ab, in_dim, out_dim, in_dim) ||
         cublasLtMatrixLayoutCreate(&lb, ab, in_dim, n, in_dim) ||
-        cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, out_dim, n, out_dim)) {
+        cublasLtMatrixLayoutCreate(&lc, low ? ab : CUDA_R_32F, out_dim, n, out_dim)) {
         ANV_ERROR("cublasLt: cannot describe a %dx%dx%d product", out_dim, n, in_dim);
         goto out;
     }
     for (int i = 0; i < ECU_LT_CACHE; i++) {
         ecu_lt_algo_t *c = &st->lt_cache[i];
         if (c->valid && c->m == out_dim && c->n == n && c->k == in_dim && c->dtype == dtype &&
-            c->acc == (int)acc) {
+            c->acc == (int)acc && c->low == (int)low) {
             hit = c;
             break;
         }
@@ -653,6 +667,7 @@ static int s_lt(ecu_state_t *st, float *out, const void *xw, const void *w, eng_
         hit = &st->lt_cache[st->lt_next];
         st->lt_next = (st->lt_next + 1) % ECU_LT_CACHE;
         hit->m = out_dim, hit->n = n, hit->k = in_dim, hit->dtype = dtype, hit->acc = acc;
+        hit->low = low;
         hit->valid = 1;
         hit->algo = res.algo;
     }
@@ -709,8 +724,18 @@ static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w,
 /* out (=, or += when acc) x @ W^T + bias, n rows: the plain GEMV for n <= st->gemv_max
    (16-byte aligned rows), cuBLASLt above; twin: st->twinb already holds x rounded to dtype
    (the op that wrote x wrote it, see ecu_twin_begin). */
-static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, const void *bias,
-                    eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc, bool twin)
+static int s_matmul(ecu_state_t *st,
+                    void *out,
+                    const float *x,
+                    const void *w,
+                    const void *bias,
+                    eng_dtype_t dtype,
+                    int n,
+                    int in_dim,
+                    int out_dim,
+                    bool acc,
+                    bool twin,
+                    bool low = false)
 {
     if (in_dim % 8) {
         ANV_ERROR("cuda matmul: in_dim %d is not a multiple of 8", in_dim);
@@ -718,9 +743,10 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
     }
     /* the GEMV's vector loads need 16-byte aligned rows; cuBLASLt copes with the rest */
     bool aligned = ((uintptr_t)x % 16 == 0) && ((uintptr_t)w % 16 == 0);
-    if (n <= st->gemv_max && aligned) {
+    if (n <= st->gemv_max && aligned && !low) {
         s_gemv_args_t a = {};
-        a.out = out, a.x = x, a.bias = bias, a.n = n, a.in_dim = in_dim, a.out_dim = out_dim;
+        a.out = (float *)out, a.x = x, a.bias = bias, a.n = n, a.in_dim = in_dim;
+        a.out_dim = out_dim;
         a.epi = acc ? ENG_LIN_ADD : ENG_LIN_PLAIN;
         int rc = s_gemv_launch(st, w, dtype, a);
         return rc < 0 ? rc : rc == 1 ? 0 : ANV_EINTERNAL; /* plain rows always fit */
@@ -749,7 +775,9 @@ static int s_matmul(ecu_state_t *st, float *out, const float *x, const void *w, 
         ECU_LAUNCHED();
         xw = st->xconv.ptr;
     }
-    return s_lt_bias(st, out, xw, w, bias, dtype, n, in_dim, out_dim, acc);
+    if (low)
+        return s_lt(st, out, xw, w, dtype, n, in_dim, out_dim, acc, true);
+    return s_lt_bias(st, (float *)out, xw, w, bias, dtype, n, in_dim, out_dim, acc);
 }
 
 extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const void *w,
@@ -829,10 +857,15 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
     ecu_state_t *st = ecu_st(be);
     st->twin_dtype = dtype;
     const bool acc = f->epi == ENG_LIN_ADD, direct = f->epi == ENG_LIN_PLAIN || acc;
-    float *y = out; /* (n, out_dim) f32: the product, before a pair epilogue */
+    /* a gate|up product on cuBLASLt written in the weights' dtype for SwiGLU (st->gu_low):
+       half the bytes written and read back; the skinny and GEMV rows keep their epilogues */
+    const bool gu_low = f->epi == ENG_LIN_SWIGLU && st->gu_low && !bias &&
+                        (dtype == ENG_DTYPE_BF16 || dtype == ENG_DTYPE_F16) && n > st->skinny_max &&
+                        n > st->gemv_max;
+    void *y = out; /* (n, out_dim): the product, before a pair epilogue (f32, or dtype) */
     if (!direct) {
-        ECU_TRY(ecu_buf_reserve(&st->lin_y, (size_t)n * out_dim * sizeof(float)));
-        y = (float *)st->lin_y.ptr;
+        ECU_TRY(ecu_buf_reserve(&st->lin_y, (size_t)n * out_dim * (gu_low ? 2 : sizeof(float))));
+        y = st->lin_y.ptr;
     }
     if (f->norm_w && n > st->gemv_max && dtype != ENG_DTYPE_F32 && f->norm_dtype == dtype &&
         in_dim % 8 == 0) {
@@ -846,7 +879,11 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
             if (rc != 0)
                 return rc < 0 ? rc : 0;
         }
-        ECU_TRY(s_lt_bias(st, y, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, acc));
+        if (gu_low)
+            ECU_TRY(s_lt(st, y, st->xconv.ptr, w, dtype, n, in_dim, out_dim, false, true));
+        else
+            ECU_TRY(
+                s_lt_bias(st, (float *)y, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, acc));
     } else {
         const float *xin = x;
         if (f->norm_w) {
@@ -855,8 +892,8 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
                                 in_dim, f->eps));
             xin = (const float *)st->lin_x.ptr;
         }
-        ECU_TRY(s_matmul(st, y, xin, w, bias, dtype, n, in_dim, out_dim, acc,
-                         twin && !f->norm_w));
+        ECU_TRY(s_matmul(st, y, xin, w, bias, dtype, n, in_dim, out_dim, acc, twin && !f->norm_w,
+                         gu_low));
     }
     if (direct)
         return 0;
@@ -867,15 +904,19 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
         ECU_TRY(ecu_twin_begin(st, out, n, out_dim / 2, dtype, &low, &kind));
         /* the caller's down projection reads the twin alone: out is not written */
         const bool only = low && f->out_for_next && st->twin_only;
-        const int rc = ecu_swiglu_fused_twin(st, only ? NULL : out, y, n, out_dim / 2, low, kind);
+        const int gk = !gu_low                   ? ECU_TWIN_NONE
+                       : dtype == ENG_DTYPE_BF16 ? ECU_TWIN_BF16
+                                                 : ECU_TWIN_F16;
+        const int rc =
+            ecu_swiglu_fused_twin(st, only ? NULL : out, y, gk, n, out_dim / 2, low, kind);
         if (rc)
             ecu_twin_drop(st);
         else if (only)
             st->twin_unwritten = out;
         return rc;
     }
-    return ecu_rope_kv_store(be, out, y, f->k_cache, f->v_cache, f->pos, f->slots, n, f->n_head,
-                             f->n_kv_head, f->head_dim, f->theta);
+    return ecu_rope_kv_store(be, out, (const float *)y, f->k_cache, f->v_cache, f->pos, f->slots, n,
+                             f->n_head, f->n_kv_head, f->head_dim, f->theta);
 }
 
 extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const void *w,
