@@ -329,6 +329,13 @@ int ecu_skinny_matmul(const ecu_state_t *st,
    rounding); if the launch fails the caller calls ecu_twin_drop. Every op entry point that
    may write xconv or consume a twin drops the tag first. */
 enum { ECU_TWIN_NONE = 0, ECU_TWIN_BF16, ECU_TWIN_F16 };
+/* the 16-bit kind of dtype's values (ECU_TWIN_NONE for another dtype) */
+static inline int ecu_twin_kind(eng_dtype_t dtype)
+{
+    return dtype == ENG_DTYPE_BF16  ? ECU_TWIN_BF16
+           : dtype == ENG_DTYPE_F16 ? ECU_TWIN_F16
+                                    : ECU_TWIN_NONE;
+}
 int ecu_twin_begin(
     ecu_state_t *st, const float *of, int n, int dim, eng_dtype_t dtype, void **low, int *kind);
 static inline void ecu_twin_drop(ecu_state_t *st)

@@ -696,26 +696,39 @@ out:
 }
 
 /* cuBLASLt on an input already in the weights' dtype (xw), then the bias; up to
-   st->skinny_max rows skinny.cu's product instead. */
-static int s_lt_bias(ecu_state_t *st, float *out, const void *xw, const void *w, const void *bias,
-                     eng_dtype_t dtype, int n, int in_dim, int out_dim, bool acc)
+   st->skinny_max rows skinny.cu's product instead. low: out in the weights' dtype (s_lt; no
+   bias, and never the skinny product, whose output is f32). */
+static int s_lt_bias(ecu_state_t *st,
+                     void *out,
+                     const void *xw,
+                     const void *w,
+                     const void *bias,
+                     eng_dtype_t dtype,
+                     int n,
+                     int in_dim,
+                     int out_dim,
+                     bool acc,
+                     bool low = false)
 {
+    if (low)
+        return bias ? -EINVAL : s_lt(st, out, xw, w, dtype, n, in_dim, out_dim, acc, true);
+    float *const fo = (float *)out; /* f32 from here on */
     /* a few rows: the tensor-core stream of skinny.cu, bias included */
-    const int sk = ecu_skinny_matmul(st, out, xw, w, bias, dtype, n, in_dim, out_dim, acc,
+    const int sk = ecu_skinny_matmul(st, fo, xw, w, bias, dtype, n, in_dim, out_dim, acc,
                                      acc ? ENG_LIN_ADD : ENG_LIN_PLAIN, NULL, ECU_TWIN_NONE, NULL);
     if (sk != 0)
         return sk < 0 ? sk : 0;
-    ECU_TRY(s_lt(st, out, xw, w, dtype, n, in_dim, out_dim, acc));
+    ECU_TRY(s_lt(st, fo, xw, w, dtype, n, in_dim, out_dim, acc));
     if (bias) {
         size_t total = (size_t)n * out_dim;
         int g = s_grid(st, total);
         if (dtype == ENG_DTYPE_BF16)
-            s_bias_kernel<<<g, 256, 0, st->stream>>>(out, (const __nv_bfloat16 *)bias, out_dim,
+            s_bias_kernel<<<g, 256, 0, st->stream>>>(fo, (const __nv_bfloat16 *)bias, out_dim,
                                                      total);
         else if (dtype == ENG_DTYPE_F16)
-            s_bias_kernel<<<g, 256, 0, st->stream>>>(out, (const __half *)bias, out_dim, total);
+            s_bias_kernel<<<g, 256, 0, st->stream>>>(fo, (const __half *)bias, out_dim, total);
         else
-            s_bias_kernel<<<g, 256, 0, st->stream>>>(out, (const float *)bias, out_dim, total);
+            s_bias_kernel<<<g, 256, 0, st->stream>>>(fo, (const float *)bias, out_dim, total);
         ECU_LAUNCHED();
     }
     return 0;
@@ -775,9 +788,7 @@ static int s_matmul(ecu_state_t *st,
         ECU_LAUNCHED();
         xw = st->xconv.ptr;
     }
-    if (low)
-        return s_lt(st, out, xw, w, dtype, n, in_dim, out_dim, acc, true);
-    return s_lt_bias(st, (float *)out, xw, w, bias, dtype, n, in_dim, out_dim, acc);
+    return s_lt_bias(st, out, xw, w, bias, dtype, n, in_dim, out_dim, acc, low);
 }
 
 extern "C" int ecu_matmul(eng_backend_t *be, float *out, const float *x, const void *w,
@@ -800,7 +811,7 @@ int ecu_twin_begin(ecu_state_t *st, const float *of, int n, int dim, eng_dtype_t
     ECU_TRY(ecu_buf_reserve(&st->twinb, (size_t)n * dim * 2));
     st->twin.of = of, st->twin.n = n, st->twin.dim = dim, st->twin.dtype = dtype;
     *low = st->twinb.ptr;
-    *kind = dtype == ENG_DTYPE_BF16 ? ECU_TWIN_BF16 : ECU_TWIN_F16;
+    *kind = ecu_twin_kind(dtype);
     return 0;
 }
 
@@ -879,11 +890,7 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
             if (rc != 0)
                 return rc < 0 ? rc : 0;
         }
-        if (gu_low)
-            ECU_TRY(s_lt(st, y, st->xconv.ptr, w, dtype, n, in_dim, out_dim, false, true));
-        else
-            ECU_TRY(
-                s_lt_bias(st, (float *)y, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, acc));
+        ECU_TRY(s_lt_bias(st, y, st->xconv.ptr, w, bias, dtype, n, in_dim, out_dim, acc, gu_low));
     } else {
         const float *xin = x;
         if (f->norm_w) {
@@ -904,9 +911,7 @@ static int s_linear_composed(eng_backend_t *be, float *out, const float *x, cons
         ECU_TRY(ecu_twin_begin(st, out, n, out_dim / 2, dtype, &low, &kind));
         /* the caller's down projection reads the twin alone: out is not written */
         const bool only = low && f->out_for_next && st->twin_only;
-        const int gk = !gu_low                   ? ECU_TWIN_NONE
-                       : dtype == ENG_DTYPE_BF16 ? ECU_TWIN_BF16
-                                                 : ECU_TWIN_F16;
+        const int gk = gu_low ? ecu_twin_kind(dtype) : ECU_TWIN_NONE;
         const int rc =
             ecu_swiglu_fused_twin(st, only ? NULL : out, y, gk, n, out_dim / 2, low, kind);
         if (rc)
