@@ -407,12 +407,11 @@ static void test_attention_prefill(eng_backend_t *be, int hd, int nh, int nkv)
     s_attn_batch(be, hd, nh, nkv, 3, nq, ctx, " prefill 300 / 200 after 500");
 }
 
-/* The tensor-core prefill's A/B switches, each off beside the default on
-   test_attention_prefill's batch (the same inputs: the generator replayed): each held to the
-   CPU; the plan's longest-first order (ANVIL_CUDA_ATTN_PF_LPT) and the cp.async stages
-   (ANVIL_CUDA_ATTN_PF_ASYNC) change no arithmetic, so without them the bits are the
-   default's; separate hi / lo accumulators (ANVIL_CUDA_ATTN_PF_SPLIT) change q.k's sum order,
-   so that one is held to the CPU alone. */
+/* The tensor-core prefill's A/B switches beside the default on test_attention_prefill's batch
+   (the same inputs: the generator replayed): the plan's longest-first order and the cp.async
+   stages off (ANVIL_CUDA_ATTN_PF_LPT=0, ANVIL_CUDA_ATTN_PF_ASYNC=0) change no arithmetic, so
+   each is held to the CPU and to the default's bits; separate hi / lo accumulators on
+   (ANVIL_CUDA_ATTN_PF_SPLIT=1) change q.k's sum order, so that one is held to the CPU alone. */
 static void test_attention_prefill_switches(eng_dtype_t kv, int hd, int nh, int nkv)
 {
     static const char *const env[3] = {"ANVIL_CUDA_ATTN_PF_LPT", "ANVIL_CUDA_ATTN_PF_ASYNC",
@@ -431,8 +430,9 @@ static void test_attention_prefill_switches(eng_dtype_t kv, int hd, int nh, int 
     s_attn_keep = ref;
     s_attn_batch(be, hd, nh, nkv, 3, nq, ctx, " prefill 300 / 200 after 500, default");
     for (int i = 0; i < 3; i++) {
-        eng_backend_t *o = s_backend_with(kv, env[i], "0");
-        snprintf(what, sizeof(what), " prefill 300 / 200 after 500, %s=0", env[i] + 11);
+        const char *v = i < 2 ? "0" : "1";
+        eng_backend_t *o = s_backend_with(kv, env[i], v);
+        snprintf(what, sizeof(what), " prefill 300 / 200 after 500, %s=%s", env[i] + 11, v);
         ecu_t_check(o != NULL, what);
         if (!o)
             continue;
