@@ -1550,11 +1550,11 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
    (AS), fp8 into registers (widened to f16 on the way to shared memory). With SPLIT (off by
    default, ANVIL_CUDA_ATTN_PF_SPLIT=1) q.k's hi and lo products go to separate accumulators
    (8 independent mma chains a warp instead of 4, added before the softmax): on the H100 it
-   took 187.5 us a layer against 184.5 without (ncu, a 2048-token step). The plan sorts the prefill tiles by length (s_plan_sort_prefill)
-   and the grid runs them longest first with a tile's KV heads next to each other, so the
-   short ones fill the tail (in the plan's sequence order the longest tiles of the last
-   sequence started late). The order and the stages are A/Bs (ANVIL_CUDA_ATTN_PF_LPT=0,
-   _ASYNC=0) with the same tiles, partials and bits. Before them, on the
+   took 187.5 us a layer against 184.5 without (ncu, a 2048-token step). The plan sorts the prefill
+   tiles by length (s_plan_sort_prefill) and the grid runs them longest first with a tile's KV heads
+   next to each other, so the short ones fill the tail (in the plan's sequence order the longest
+   tiles of the last sequence started late). The order and the stages are A/Bs
+   (ANVIL_CUDA_ATTN_PF_LPT=0, _ASYNC=0) with the same tiles, partials and bits. Before them, on the
    H100 (ncu, a layer over two 1024-token prompts): 320 us without the register prefetch and
    the order, 298 with them at 174 registers (2 blocks an SM), 278 held to 168 by the launch
    bounds (3 blocks an SM, 20 / 60 bytes of spills for bf16 / fp8); the FMA kernel took 2.8 to
@@ -1889,8 +1889,8 @@ static int s_attn_launch_prefill_mma(ecu_state_t *st,
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set[as][sp] = true;
     }
-    const dim3 grid = st->attn_pf_lpt && n_kv_head > 1 ? dim3((unsigned)nt * n_kv_head)
-                                                       : dim3(nt, n_kv_head);
+    const dim3 grid =
+        st->attn_pf_lpt && n_kv_head > 1 ? dim3((unsigned)nt * n_kv_head) : dim3(nt, n_kv_head);
     kernel<<<grid, ECU_ATTN_WARPS * 32, smem, st->stream>>>(
         q, (const T *)kc, (const T *)vc, p->tiles + t0, p->tok_part, p->seq_qstart, p->seq_ctx,
         p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, 1.0f / sqrtf((float)HD),
