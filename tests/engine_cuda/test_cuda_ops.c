@@ -312,6 +312,7 @@ static void s_kv_fill(eng_dtype_t dt, size_t n, void **hk, void **hv, float **ck
 }
 
 static const char *s_attn_tag = ""; /* names the decode kernel under test */
+static float *s_attn_keep;          /* set: s_attn_batch with `what` leaves its GPU result there */
 
 /* attention over the batch (nq[s] query tokens of sequence s, ctx[s] its context) against the
    CPU; without `what` (test_attention's batch, NS = 4) also through prepare() and the
@@ -356,6 +357,8 @@ static void s_attn_batch(eng_backend_t *be,
              what ? what : "", hd, nh, nkv, eng_dtype_name(be->kv_dtype));
     ecu_t_close(name, got, ref, qn, 2e-5);
     if (what) {
+        if (s_attn_keep)
+            memcpy(s_attn_keep, got, qn * 4);
         be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go);
         free(tables), free(perm), free(ck), free(cv), free(hk), free(hv), free(q), free(ref);
         free(got);
@@ -402,6 +405,50 @@ static void test_attention_prefill(eng_backend_t *be, int hd, int nh, int nkv)
 {
     const int32_t nq[3] = {300, 200, 1}, ctx[3] = {300, 700, 45};
     s_attn_batch(be, hd, nh, nkv, 3, nq, ctx, " prefill 300 / 200 after 500");
+}
+
+/* The tensor-core prefill's A/B switches beside the default on test_attention_prefill's batch
+   (the same inputs: the generator replayed): the plan's longest-first order and the cp.async
+   stages off (ANVIL_CUDA_ATTN_PF_LPT=0, ANVIL_CUDA_ATTN_PF_ASYNC=0) change no arithmetic, so
+   each is held to the CPU and to the default's bits; separate hi / lo accumulators on
+   (ANVIL_CUDA_ATTN_PF_SPLIT=1) change q.k's sum order, so that one is held to the CPU alone. */
+static void test_attention_prefill_switches(eng_dtype_t kv, int hd, int nh, int nkv)
+{
+    static const char *const env[3] = {"ANVIL_CUDA_ATTN_PF_LPT", "ANVIL_CUDA_ATTN_PF_ASYNC",
+                                       "ANVIL_CUDA_ATTN_PF_SPLIT"};
+    const int32_t nq[3] = {300, 200, 1}, ctx[3] = {300, 700, 45};
+    const size_t qn = (size_t)(nq[0] + nq[1] + nq[2]) * nh * hd;
+    char what[96], name[160];
+    float *ref = malloc(qn * 4), *got = malloc(qn * 4);
+    eng_backend_t *be = eng_cuda_backend_new_kv(kv);
+    ecu_t_check(be && ref && got, "a backend for the prefill switches");
+    if (!be || !ref || !got) {
+        free(ref), free(got);
+        return;
+    }
+    const uint64_t seed = ecu_t_rng;
+    s_attn_keep = ref;
+    s_attn_batch(be, hd, nh, nkv, 3, nq, ctx, " prefill 300 / 200 after 500, default");
+    for (int i = 0; i < 3; i++) {
+        const char *v = i < 2 ? "0" : "1";
+        eng_backend_t *o = s_backend_with(kv, env[i], v);
+        snprintf(what, sizeof(what), " prefill 300 / 200 after 500, %s=%s", env[i] + 11, v);
+        ecu_t_check(o != NULL, what);
+        if (!o)
+            continue;
+        ecu_t_rng = seed;
+        s_attn_keep = got;
+        s_attn_batch(o, hd, nh, nkv, 3, nq, ctx, what);
+        if (i < 2) {
+            snprintf(name, sizeof(name), "attention%s hd=%d heads=%d/%d kv=%s: the default's bits",
+                     what, hd, nh, nkv, eng_dtype_name(kv));
+            ecu_t_check(memcmp(got, ref, qn * 4) == 0, name);
+        }
+        o->destroy(&o);
+    }
+    s_attn_keep = NULL;
+    be->destroy(&be);
+    free(ref), free(got);
 }
 
 /* Many decodes at once, on the Seed-Coder shape (32 / 8 heads, head_dim 128), in KV dtype
@@ -1464,6 +1511,7 @@ int main(int argc, char **argv)
             test_attention_prefill(gpu, 128, 32, 8);
             test_attention_prefill(gpu8, 128, 32, 8);
             test_attention_prefill(gpu, 64, 16, 2);
+            test_attention_prefill_switches(ENG_DTYPE_BF16, 128, 32, 8);
         }
         gpu32->destroy(&gpu32);
         gpu8->destroy(&gpu8);
@@ -1498,6 +1546,9 @@ int main(int argc, char **argv)
     test_attention_prefill(gpu8, 128, 32, 8);
     test_attention_prefill(gpu, 64, 16, 2);
     test_attention_prefill(gpu8, 64, 28, 4);
+    test_attention_prefill_switches(ENG_DTYPE_BF16, 128, 32, 8);
+    test_attention_prefill_switches(ENG_DTYPE_BF16, 64, 16, 2);
+    test_attention_prefill_switches(ENG_DTYPE_F8E4M3, 128, 32, 8);
     test_attention_long();
     test_attention_groups(ENG_DTYPE_BF16, 128, 32, 8);
     test_attention_groups(ENG_DTYPE_F8E4M3, 128, 32, 8);

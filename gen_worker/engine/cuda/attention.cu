@@ -145,6 +145,40 @@ static int s_plan_groups(const eng_attn_batch_t *b,
     return n_gt;
 }
 
+/* The prefill tiles (n of them, {seq, tok0, n_q, 0}) sorted by the positions they span
+   (their last position + 1), shortest first, ties in plan order: the prefill kernel runs them
+   last first, so the longest start first and the shortest fill the tail of the grid (on the
+   H100 a 2048-token step of two prompts kept the SMs busy 75 % of its time in the plan's
+   sequence order). Returns 0 or -ENOMEM. */
+typedef struct {
+    int len, at;
+} s_pf_key_t;
+static int s_pf_key_cmp(const void *a, const void *b)
+{
+    const s_pf_key_t *x = (const s_pf_key_t *)a, *y = (const s_pf_key_t *)b;
+    return x->len != y->len ? (x->len < y->len ? -1 : 1) : (x->at < y->at ? -1 : x->at > y->at);
+}
+static int s_plan_sort_prefill(int32_t *tiles, int n, const eng_attn_batch_t *b)
+{
+    s_pf_key_t *k = (s_pf_key_t *)malloc((size_t)n * sizeof(*k));
+    int32_t *copy = (int32_t *)malloc((size_t)n * 4 * sizeof(int32_t));
+    if (!k || !copy) {
+        free(k), free(copy);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        const int s = tiles[4 * i], q0 = b->q_start[s], nq_seq = b->q_start[s + 1] - q0;
+        k[i].len = b->ctx_len[s] - nq_seq + (tiles[4 * i + 1] - q0) + tiles[4 * i + 2];
+        k[i].at = i;
+    }
+    qsort(k, (size_t)n, sizeof(*k), s_pf_key_cmp);
+    memcpy(copy, tiles, (size_t)n * 4 * sizeof(int32_t));
+    for (int i = 0; i < n; i++)
+        memcpy(tiles + 4 * i, copy + 4 * k[i].at, 4 * sizeof(int32_t));
+    free(k), free(copy);
+    return 0;
+}
+
 int ecu_attn_plan(ecu_state_t *st,
                   const eng_attn_batch_t *b,
                   int block_size,
@@ -240,6 +274,11 @@ int ecu_attn_plan(ecu_state_t *st,
             for (int t = 0; t < nq; t++)
                 tok_part[q0 + t] = part++, tok_nsplit[q0 + t] = 1;
         }
+    }
+    if (st->attn_pf_lpt && gs == 0 && ti - n_dec > 1 &&
+        s_plan_sort_prefill(tiles + 4 * (size_t)n_dec, ti - n_dec, b)) {
+        free(h), free(dec_tile);
+        return -ENOMEM;
     }
     memcpy(qs, b->q_start, (size_t)(n_seq + 1) * 4);
     memcpy(ctx, b->ctx_len, (size_t)n_seq * 4);
@@ -1507,11 +1546,19 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
    from S's accumulators, B = V by ldmatrix.trans). q and p enter as hi + lo pairs, as in the
    decode kernel, so results stay within the FMA kernel's tolerance; the softmax is fp32.
    A warp stops at its last row's position, the block at the tile's. A chunk's K and V rows are
-   loaded into registers while the chunk before is computed, and the plan's tiles run last
-   first (the longest blocks start first). On the H100 (ncu, a layer over two 1024-token
-   prompts): 320 us without the register prefetch and the order, 298 with them at 174
-   registers (2 blocks an SM), 278 held to 168 by the launch bounds (3 blocks an SM, 20 / 60
-   bytes of spills for bf16 / fp8); the FMA kernel took 2.8 to 3.0 ms. */
+   loaded while the chunk before is computed: bf16 by cp.async into the other of two stages
+   (AS), fp8 into registers (widened to f16 on the way to shared memory). With SPLIT (off by
+   default, ANVIL_CUDA_ATTN_PF_SPLIT=1) q.k's hi and lo products go to separate accumulators
+   (8 independent mma chains a warp instead of 4, added before the softmax): on the H100 it
+   took 187.5 us a layer against 184.5 without (ncu, a 2048-token step). The plan sorts the prefill
+   tiles by length (s_plan_sort_prefill) and the grid runs them longest first with a tile's KV heads
+   next to each other, so the short ones fill the tail (in the plan's sequence order the longest
+   tiles of the last sequence started late). The order and the stages are A/Bs
+   (ANVIL_CUDA_ATTN_PF_LPT=0, _ASYNC=0) with the same tiles, partials and bits. Before them, on the
+   H100 (ncu, a layer over two 1024-token prompts): 320 us without the register prefetch and
+   the order, 298 with them at 174 registers (2 blocks an SM), 278 held to 168 by the launch
+   bounds (3 blocks an SM, 20 / 60 bytes of spills for bf16 / fp8); the FMA kernel took 2.8 to
+   3.0 ms. */
 #define ECU_ATTN_PF_KC 32 /* positions a chunk of the prefill mma kernel */
 
 /* four 8 x 8 matrices of 16-bit values from shared memory (lane l gives the address of row
@@ -1560,12 +1607,21 @@ static __device__ __forceinline__ void s_mma_hilo2(float (&d0)[4],
     ecu_mma16816<T>(d1, lo[0], lo[1], lo[2], lo[3], b[2], b[3]);
 }
 
-template <int HD> static constexpr size_t s_pf_smem()
+/* the prefill kernel's dynamic shared memory: q hi / lo, then one (AS: two) chunks of K and V */
+template <int HD, bool AS> static constexpr size_t s_pf_smem()
 {
-    return (size_t)(2 * ECU_ATTN_WARPS * 16 + 2 * ECU_ATTN_PF_KC) * (HD + 8) * 2;
+    return (size_t)(2 * ECU_ATTN_WARPS * 16 + (AS ? 4 : 2) * ECU_ATTN_PF_KC) * (HD + 8) * 2;
 }
 
-template <int HD, typename T>
+/* 16 bytes global -> shared, asynchronous; n = 0 writes zeros (nothing read) */
+static __device__ __forceinline__ void s_cp16(void *dst, const void *src, int n)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(n)
+                 : "memory");
+}
+
+template <int HD, typename T, bool ASYNC, bool SPLIT>
 static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     s_attn_prefill_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
                               const T *k_cache,
@@ -1584,18 +1640,24 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                               float2 *part_ml /* (n_parts, n_head) {max, sum} */)
 {
     static_assert(sizeof(T) <= 2, "the mma prefill takes bf16 or fp8 KV");
+    /* AS: K / V chunks copied by cp.async into two stages (bf16 only: fp8 is widened on the
+       way, through registers) */
+    constexpr bool AS = ASYNC && sizeof(T) == 2;
     constexpr int LD = HD + 8;              /* a shared row, in 16-bit values */
     constexpr int RP = ECU_ATTN_WARPS * 16; /* rows a pass */
     constexpr int KC = ECU_ATTN_PF_KC, NT = KC / 8, KS = HD / 16, ND = HD / 8;
     extern __shared__ __align__(16) unsigned short pf_smem[];
-    unsigned short *qh = pf_smem, *ql = qh + RP * LD;      /* q hi / lo (RP, LD) */
-    unsigned short *ks = ql + RP * LD, *vs = ks + KC * LD; /* the chunk's K / V (KC, LD) */
+    unsigned short *qh = pf_smem, *ql = qh + RP * LD; /* q hi / lo (RP, LD) */
+    unsigned short *ks = ql + RP * LD; /* stage b: K at ks + 2 b KC LD, V KC LD after it */
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-    /* the plan's last tiles first: a sequence's later tiles span more positions, so the
-       longest blocks start first and the short ones fill the tail */
-    const int4 tl = tiles[gridDim.x - 1 - blockIdx.x];
-    const int kvh = blockIdx.y, G = n_head / n_kv_head;
+    /* the plan's last tiles first: with the plan's longest-first order (attn_pf_lpt, a grid
+       of tiles x KV heads, the heads inner) its tiles are sorted by length; without it, a
+       sequence's later tiles span more positions */
+    const bool flat = gridDim.y == 1 && n_kv_head > 1;
+    const int n_tl = flat ? (int)gridDim.x / n_kv_head : (int)gridDim.x;
+    const int4 tl = tiles[n_tl - 1 - (flat ? (int)blockIdx.x / n_kv_head : (int)blockIdx.x)];
+    const int kvh = flat ? (int)blockIdx.x % n_kv_head : (int)blockIdx.y, G = n_head / n_kv_head;
     const int seq = tl.x, tok0 = tl.y, nq = tl.z;
     const int q0 = seq_qstart[seq], nq_seq = seq_qstart[seq + 1] - q0;
     const int pos0 = seq_ctx[seq] - nq_seq + (tok0 - q0);
@@ -1611,7 +1673,23 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     /* a chunk's K and V rows, NI pieces of 8 values a thread: loaded into registers while
        the chunk before is computed, stored to shared memory after it */
     constexpr int NI = KC * HD / 8 / (ECU_ATTN_WARPS * 32);
-    s_kv8_t<T> rk[NI], rv[NI];
+    s_kv8_t<T> rk[AS ? 1 : NI], rv[AS ? 1 : NI];
+    /* AS: chunk c0's rows copied into stage b (positions past the tile's range as zeros) */
+    auto issue = [&](int c0, int b) {
+        unsigned short *kd = ks + 2 * b * KC * LD, *vd = kd + KC * LD;
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            const int idx = threadIdx.x + i * ECU_ATTN_WARPS * 32, c = c0 + idx / (HD / 8);
+            const int at = idx / (HD / 8) * LD + (idx % (HD / 8)) * 8;
+            size_t off = 0;
+            if (c < key_end)
+                off = ((size_t)table[c / block_size] * block_size + c % block_size) * kv_row +
+                      (size_t)kvh * HD + (idx % (HD / 8)) * 8;
+            s_cp16(kd + at, k_cache + off, c < key_end ? 16 : 0);
+            s_cp16(vd + at, v_cache + off, c < key_end ? 16 : 0);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
     auto fetch = [&](int c0) {
 #pragma unroll
         for (int i = 0; i < NI; i++) {
@@ -1628,8 +1706,11 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     };
 
     for (int row0 = 0; row0 < rows; row0 += RP) {
-        __syncthreads(); /* the pass before is done with q */
-        fetch(0);
+        __syncthreads(); /* the pass before is done with q and the stages */
+        if constexpr (AS)
+            issue(0, 0);
+        else
+            fetch(0);
         for (int idx = threadIdx.x; idx < RP * HD / 2; idx += blockDim.x) {
             const int r = idx / (HD / 2), d = 2 * (idx % (HD / 2)), rr = row0 + r;
             float2 x = make_float2(0.0f, 0.0f);
@@ -1653,25 +1734,41 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
 #pragma unroll
         for (int n = 0; n < ND; n++)
             o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-        for (int c0 = 0; c0 < key_end; c0 += KC) {
+        for (int c0 = 0, it = 0; c0 < key_end; c0 += KC, it++) {
             __syncthreads(); /* q staged; the chunk before used up */
+            const int sb = AS ? it & 1 : 0;
+            if constexpr (AS) {
+                if (c0 + KC < key_end) { /* the next chunk into the other stage */
+                    issue(c0 + KC, sb ^ 1);
+                    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+                } else {
+                    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+                }
+            } else {
 #pragma unroll
-            for (int i = 0; i < NI; i++) {
-                const int idx = threadIdx.x + i * ECU_ATTN_WARPS * 32;
-                const int at = idx / (HD / 8) * LD + (idx % (HD / 8)) * 8;
-                *(uint4 *)(ks + at) = s_kv8_pairs(rk[i]);
-                *(uint4 *)(vs + at) = s_kv8_pairs(rv[i]);
+                for (int i = 0; i < NI; i++) {
+                    const int idx = threadIdx.x + i * ECU_ATTN_WARPS * 32;
+                    const int at = idx / (HD / 8) * LD + (idx % (HD / 8)) * 8;
+                    *(uint4 *)(ks + at) = s_kv8_pairs(rk[i]);
+                    *(uint4 *)(ks + KC * LD + at) = s_kv8_pairs(rv[i]);
+                }
             }
             __syncthreads();
-            if (c0 + KC < key_end)
-                fetch(c0 + KC);
+            if constexpr (!AS)
+                if (c0 + KC < key_end)
+                    fetch(c0 + KC);
             if (!active || c0 >= wend)
                 continue;
-            /* S = Q K^T: NT n-tiles of 8 positions */
-            float s[NT][4];
+            const unsigned short *kb = ks + 2 * sb * KC * LD, *vs = kb + KC * LD;
+            /* S = Q K^T: NT n-tiles of 8 positions; SPLIT: the lo halves into their own
+               accumulators (twice the independent mma chains), added at the end */
+            float s[NT][4], sl[SPLIT ? NT : 1][4];
 #pragma unroll
             for (int n = 0; n < NT; n++)
                 s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int n = 0; n < (SPLIT ? NT : 1); n++)
+                sl[n][0] = sl[n][1] = sl[n][2] = sl[n][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < KS; kk++) {
                 unsigned ah[4], al[4];
@@ -1680,10 +1777,23 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
 #pragma unroll
                 for (int n = 0; n < NT; n += 2) {
                     unsigned b[4];
-                    s_ldsm4<false>(b, ks + (8 * n + bk) * LD + 16 * kk + bd);
-                    s_mma_hilo2<T>(s[n], s[n + 1], ah, al, b);
+                    s_ldsm4<false>(b, kb + (8 * n + bk) * LD + 16 * kk + bd);
+                    if constexpr (SPLIT) {
+                        ecu_mma16816<T>(s[n], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+                        ecu_mma16816<T>(s[n + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+                        ecu_mma16816<T>(sl[n], al[0], al[1], al[2], al[3], b[0], b[1]);
+                        ecu_mma16816<T>(sl[n + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
+                    } else {
+                        s_mma_hilo2<T>(s[n], s[n + 1], ah, al, b);
+                    }
                 }
             }
+            if constexpr (SPLIT)
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        s[n][c] += sl[n][c];
             /* the causal mask and the online softmax: the lane holds positions c0 + 8 n +
                2 tig + c of rows a (s[n][c]) and b (s[n][2 + c]); position 0 is in every
                row's range, so the maxima are finite from the first chunk on */
@@ -1751,7 +1861,10 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     }
 }
 
-/* The prefill tiles [t0, t0 + nt) on the tensor cores */
+/* The prefill tiles [t0, t0 + nt) on the tensor cores: with the plan's longest-first order
+   (st->attn_pf_lpt) a grid of tiles x KV heads (the heads inner), else (nt, KV heads); K / V
+   through cp.async stages for bf16 unless st->attn_pf_async is off; q.k's lo halves in their
+   own accumulators with st->attn_pf_split */
 template <int HD, typename T>
 static int s_attn_launch_prefill_mma(ecu_state_t *st,
                                      const ecu_attn_plan_t *p,
@@ -1764,18 +1877,24 @@ static int s_attn_launch_prefill_mma(ecu_state_t *st,
                                      int n_kv_head,
                                      int block_size)
 {
-    constexpr size_t smem = s_pf_smem<HD>();
-    static bool attr_set = false; /* per instantiation */
-    if (!attr_set) {
-        ECU_CHECK(cudaFuncSetAttribute(s_attn_prefill_mma_kernel<HD, T>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
+    const int as = st->attn_pf_async && sizeof(T) == 2, sp = st->attn_pf_split != 0;
+    auto kernel = as ? (sp ? s_attn_prefill_mma_kernel<HD, T, true, true>
+                           : s_attn_prefill_mma_kernel<HD, T, true, false>)
+                     : (sp ? s_attn_prefill_mma_kernel<HD, T, false, true>
+                           : s_attn_prefill_mma_kernel<HD, T, false, false>);
+    const size_t smem = as ? s_pf_smem<HD, true>() : s_pf_smem<HD, false>();
+    static bool attr_set[2][2]; /* per instantiation of this launcher: [as][sp] */
+    if (!attr_set[as][sp]) {
+        ECU_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set[as][sp] = true;
     }
-    s_attn_prefill_mma_kernel<HD, T>
-        <<<dim3(nt, n_kv_head), ECU_ATTN_WARPS * 32, smem, st->stream>>>(
-            q, (const T *)kc, (const T *)vc, p->tiles + t0, p->tok_part, p->seq_qstart, p->seq_ctx,
-            p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, 1.0f / sqrtf((float)HD),
-            (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr);
+    const dim3 grid =
+        st->attn_pf_lpt && n_kv_head > 1 ? dim3((unsigned)nt * n_kv_head) : dim3(nt, n_kv_head);
+    kernel<<<grid, ECU_ATTN_WARPS * 32, smem, st->stream>>>(
+        q, (const T *)kc, (const T *)vc, p->tiles + t0, p->tok_part, p->seq_qstart, p->seq_ctx,
+        p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, 1.0f / sqrtf((float)HD),
+        (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr);
     ECU_LAUNCHED();
     return 0;
 }

@@ -578,6 +578,17 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            (ANVIL_CUDA_ATTN_PREFILL_MMA=0 keeps the FMA kernel); attention.cu, A/Bs */
         st->attn_mma = s_env_on("ANVIL_CUDA_ATTN_MMA");
         st->attn_pf_mma = s_env_on("ANVIL_CUDA_ATTN_PREFILL_MMA");
+        /* the tensor-core prefill: its tiles longest first over one grid of tiles x KV heads
+           (ANVIL_CUDA_ATTN_PF_LPT=0: the plan's sequence order, a grid of (tiles, KV heads)),
+           bf16 K / V chunks staged by cp.async in two stages (ANVIL_CUDA_ATTN_PF_ASYNC=0:
+           through registers, one stage); ANVIL_CUDA_ATTN_PF_SPLIT=1 puts q.k's hi and lo
+           products in separate accumulators; attention.cu, A/Bs */
+        st->attn_pf_lpt = st->attn_pf_mma && kv_dtype != ENG_DTYPE_F32 &&
+                          s_env_on("ANVIL_CUDA_ATTN_PF_LPT"); /* the plan's order for it */
+        st->attn_pf_async = s_env_on("ANVIL_CUDA_ATTN_PF_ASYNC");
+        const char *psp = getenv("ANVIL_CUDA_ATTN_PF_SPLIT"); /* off by default: H100 ncu
+                                                                 187.5 us with, 184.5 without */
+        st->attn_pf_split = psp && strcmp(psp, "1") == 0;
         /* the tensor-core decode loads V after q.k (fewer registers, more blocks an SM;
            attention.cu): on the H200 +2.7 % (bf16 KV) and +4.9 % (fp8) at batch 256 x 2k, +2.2 %
            at batch 256, level at batch 1. ANVIL_CUDA_ATTN_VLATE=0 loads V with K (A/B) */
@@ -662,7 +673,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     ANV_INFO(
         "cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
         "%s%s%s, tensor-core skinny products up to %d rows, rounded twins %s%s, gate|up product "
-        "in %s, %s norms, %s rope store, decode attention %s%s%s%s%s, sampler %s%s",
+        "in %s, %s norms, %s rope store, decode attention %s%s%s%s%s%s%s%s, sampler %s%s",
         prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
         st->pdl ? "on" : "off", st->gemv_max,
         st->gemv_persist ? "persistent (staged norm)" : "a block a group",
@@ -676,6 +687,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         st->attn_kv_inner ? ", KV heads inner" : "",
         st->attn_mma && st->attn_group ? ", shared splits as group tiles" : "",
         st->attn_pf_mma ? ", prefill attention mma (bf16/fp8 KV)" : ", prefill fma",
+        st->attn_pf_lpt ? ", longest tiles first" : "",
+        st->attn_pf_mma && st->attn_pf_async ? ", cp.async stages" : "",
+        st->attn_pf_mma && st->attn_pf_split ? ", split hi/lo" : "",
         st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
         : st->sample_blocks == 1 ? "1 block a row"
                                  : "8 blocks a row",
