@@ -1549,10 +1549,10 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
    loaded while the chunk before is computed: bf16 by cp.async into the other of two stages
    (AS), fp8 into registers (widened to f16 on the way to shared memory); the block table's
    entries for a chunk are read a chunk ahead and a pass's q in 16-byte loads, eight in flight
-   (EARLY). At head_dim 64 the kernel is held to 128 registers (4 blocks an SM; 140 without).
-   The plan sorts the prefill tiles by length (s_plan_sort_prefill) and the grid runs
-   them longest first with a tile's KV heads next to each other, so the short ones fill the
-   tail (in the plan's sequence order the longest tiles of the last sequence started late).
+   (EARLY; bf16 only, fp8 lost with it). At head_dim 64 the kernel is held to 128 registers (4
+   blocks an SM; 140 without). The plan sorts the prefill tiles by length (s_plan_sort_prefill) and
+   the grid runs them longest first with a tile's KV heads next to each other, so the short ones
+   fill the tail (in the plan's sequence order the longest tiles of the last sequence started late).
    Each is an A/B (ANVIL_CUDA_ATTN_PF_LPT, _ASYNC, _EARLY) with the
    same tiles, partials and bits. Before them, on the
    H100 (ncu, a layer over two 1024-token prompts): 320 us without the register prefetch and
@@ -1908,7 +1908,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, HD > 64 ? 3 : 4)
 /* The prefill tiles [t0, t0 + nt) on the tensor cores: with the plan's longest-first order
    (st->attn_pf_lpt) a grid of tiles x KV heads (the heads inner), else (nt, KV heads); K / V
    through cp.async stages for bf16 unless st->attn_pf_async is off; q and the block table
-   read early unless st->attn_pf_early is off */
+   read early for bf16 unless st->attn_pf_early is off */
 template <int HD, typename T>
 static int s_attn_launch_prefill_mma(ecu_state_t *st,
                                      const ecu_attn_plan_t *p,
@@ -1921,7 +1921,9 @@ static int s_attn_launch_prefill_mma(ecu_state_t *st,
                                      int n_kv_head,
                                      int block_size)
 {
-    const int as = st->attn_pf_async && sizeof(T) == 2, ea = st->attn_pf_early != 0;
+    /* the stages and the early loads for bf16 only: with fp8 KV the early loads took 2353
+       us a layer against 1981 without (H100 ncu, two 4096-token prompts) */
+    const int as = st->attn_pf_async && sizeof(T) == 2, ea = st->attn_pf_early && sizeof(T) == 2;
     auto kernel = as ? (ea ? s_attn_prefill_mma_kernel<HD, T, true, true>
                            : s_attn_prefill_mma_kernel<HD, T, true, false>)
                      : (ea ? s_attn_prefill_mma_kernel<HD, T, false, true>
