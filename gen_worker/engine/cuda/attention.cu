@@ -1547,14 +1547,14 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
    decode kernel, so results stay within the FMA kernel's tolerance; the softmax is fp32.
    A warp stops at its last row's position, the block at the tile's. A chunk's K and V rows are
    loaded while the chunk before is computed: bf16 by cp.async into the other of two stages
-   (AS), fp8 into registers (widened to f16 on the way to shared memory). With SPLIT (off by
-   default, ANVIL_CUDA_ATTN_PF_SPLIT=1) q.k's hi and lo products go to separate accumulators
-   (8 independent mma chains a warp instead of 4, added before the softmax): on the H100 it
-   took 187.5 us a layer against 184.5 without (ncu, a 2048-token step). The plan sorts the prefill
-   tiles by length (s_plan_sort_prefill) and the grid runs them longest first with a tile's KV heads
-   next to each other, so the short ones fill the tail (in the plan's sequence order the longest
-   tiles of the last sequence started late). The order and the stages are A/Bs
-   (ANVIL_CUDA_ATTN_PF_LPT=0, _ASYNC=0) with the same tiles, partials and bits. Before them, on the
+   (AS), fp8 into registers (widened to f16 on the way to shared memory); the block table's
+   entries for a chunk are read a chunk ahead and a pass's q in 16-byte loads, eight in flight
+   (EARLY; bf16 only, fp8 lost with it). At head_dim 64 the kernel is held to 128 registers (4
+   blocks an SM; 140 without). The plan sorts the prefill tiles by length (s_plan_sort_prefill) and
+   the grid runs them longest first with a tile's KV heads next to each other, so the short ones
+   fill the tail (in the plan's sequence order the longest tiles of the last sequence started late).
+   Each is an A/B (ANVIL_CUDA_ATTN_PF_LPT, _ASYNC, _EARLY) with the
+   same tiles, partials and bits. Before them, on the
    H100 (ncu, a layer over two 1024-token prompts): 320 us without the register prefetch and
    the order, 298 with them at 174 registers (2 blocks an SM), 278 held to 168 by the launch
    bounds (3 blocks an SM, 20 / 60 bytes of spills for bf16 / fp8); the FMA kernel took 2.8 to
@@ -1621,8 +1621,8 @@ static __device__ __forceinline__ void s_cp16(void *dst, const void *src, int n)
                  : "memory");
 }
 
-template <int HD, typename T, bool ASYNC, bool SPLIT>
-static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
+template <int HD, typename T, bool ASYNC, bool EARLY>
+static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, HD > 64 ? 3 : 4)
     s_attn_prefill_mma_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
                               const T *k_cache,
                               const T *v_cache /* (n_blocks, bs, n_kv, HD) */,
@@ -1670,10 +1670,33 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     const int bk = (lane & 7) + (lane >> 4) * 8, bd = ((lane >> 3) & 1) * 8;
     const int vk = ar, vd = ac;
 
-    /* a chunk's K and V rows, NI pieces of 8 values a thread: loaded into registers while
-       the chunk before is computed, stored to shared memory after it */
+    /* a chunk's K and V rows, NI pieces of 8 values a thread: loaded while the chunk before
+       is computed, stored to shared memory after it (AS: copied by cp.async) */
     constexpr int NI = KC * HD / 8 / (ECU_ATTN_WARPS * 32);
     s_kv8_t<T> rk[AS ? 1 : NI], rv[AS ? 1 : NI];
+    /* EARLY: the cache blocks of the next chunk's pieces, read from the block table a chunk
+       ahead (else where the piece's address is formed, a dependent load in the way) */
+    int eb[EARLY ? NI : 1];
+    auto lookup = [&](int c0) {
+        if constexpr (EARLY) {
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                const int c = c0 + (threadIdx.x + i * ECU_ATTN_WARPS * 32) / (HD / 8);
+                eb[i] = c < key_end ? __ldg(table + c / block_size) : 0;
+            }
+        }
+    };
+    /* piece i (of chunk c0) at position c < key_end: its offset in the cache */
+    auto piece = [&](int i, int c) -> size_t {
+        int blk;
+        if constexpr (EARLY)
+            blk = eb[i];
+        else
+            blk = table[c / block_size];
+        const int idx = threadIdx.x + i * ECU_ATTN_WARPS * 32;
+        return ((size_t)blk * block_size + c % block_size) * kv_row + (size_t)kvh * HD +
+               (idx % (HD / 8)) * 8;
+    };
     /* AS: chunk c0's rows copied into stage b (positions past the tile's range as zeros) */
     auto issue = [&](int c0, int b) {
         unsigned short *kd = ks + 2 * b * KC * LD, *vd = kd + KC * LD;
@@ -1681,10 +1704,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
         for (int i = 0; i < NI; i++) {
             const int idx = threadIdx.x + i * ECU_ATTN_WARPS * 32, c = c0 + idx / (HD / 8);
             const int at = idx / (HD / 8) * LD + (idx % (HD / 8)) * 8;
-            size_t off = 0;
-            if (c < key_end)
-                off = ((size_t)table[c / block_size] * block_size + c % block_size) * kv_row +
-                      (size_t)kvh * HD + (idx % (HD / 8)) * 8;
+            const size_t off = c < key_end ? piece(i, c) : 0;
             s_cp16(kd + at, k_cache + off, c < key_end ? 16 : 0);
             s_cp16(vd + at, v_cache + off, c < key_end ? 16 : 0);
         }
@@ -1693,24 +1713,51 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     auto fetch = [&](int c0) {
 #pragma unroll
         for (int i = 0; i < NI; i++) {
-            const int idx = threadIdx.x + i * ECU_ATTN_WARPS * 32, c = c0 + idx / (HD / 8);
+            const int c = c0 + (threadIdx.x + i * ECU_ATTN_WARPS * 32) / (HD / 8);
             rk[i] = rv[i] = {};
             if (c < key_end) {
-                const size_t off =
-                    ((size_t)table[c / block_size] * block_size + c % block_size) * kv_row +
-                    (size_t)kvh * HD + (idx % (HD / 8)) * 8;
+                const size_t off = piece(i, c);
                 rk[i] = *(const s_kv8_t<T> *)(k_cache + off);
                 rv[i] = *(const s_kv8_t<T> *)(v_cache + off);
             }
         }
     };
-
-    for (int row0 = 0; row0 < rows; row0 += RP) {
-        __syncthreads(); /* the pass before is done with q and the stages */
-        if constexpr (AS)
-            issue(0, 0);
-        else
-            fetch(0);
+    /* q's rows of the pass into shared memory as hi / lo pairs, scaled; EARLY (and q 16-byte
+       aligned): 16-byte loads, QB of them issued before the first is used */
+    const bool q16 = ((uintptr_t)q & 15) == 0;
+    auto stage_q = [&](int row0) {
+        if constexpr (EARLY) {
+            if (q16) {
+                constexpr int QV = RP * HD / 4 / (ECU_ATTN_WARPS * 32), QB = HD > 64 ? 8 : 4;
+#pragma unroll
+                for (int j0 = 0; j0 < QV; j0 += QB) {
+                    float4 x[QB];
+#pragma unroll
+                    for (int j = 0; j < QB; j++) {
+                        const int idx = threadIdx.x + (j0 + j) * ECU_ATTN_WARPS * 32;
+                        const int r = idx / (HD / 4), d = 4 * (idx % (HD / 4)), rr = row0 + r;
+                        x[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        if (rr < rows)
+                            x[j] = __ldg((const float4 *)(q +
+                                                          ((size_t)(tok0 + rr / G) * n_head +
+                                                           kvh * G + rr % G) *
+                                                              HD +
+                                                          d));
+                    }
+#pragma unroll
+                    for (int j = 0; j < QB; j++) {
+                        const int idx = threadIdx.x + (j0 + j) * ECU_ATTN_WARPS * 32;
+                        const int r = idx / (HD / 4), d = 4 * (idx % (HD / 4));
+                        uint2 hi, lo;
+                        s_hilo<T>(x[j].x * scale, x[j].y * scale, hi.x, lo.x);
+                        s_hilo<T>(x[j].z * scale, x[j].w * scale, hi.y, lo.y);
+                        *(uint2 *)(qh + r * LD + d) = hi;
+                        *(uint2 *)(ql + r * LD + d) = lo;
+                    }
+                }
+                return;
+            }
+        }
         for (int idx = threadIdx.x; idx < RP * HD / 2; idx += blockDim.x) {
             const int r = idx / (HD / 2), d = 2 * (idx % (HD / 2)), rr = row0 + r;
             float2 x = make_float2(0.0f, 0.0f);
@@ -1723,6 +1770,17 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
             *(unsigned *)(qh + r * LD + d) = hi;
             *(unsigned *)(ql + r * LD + d) = lo;
         }
+    };
+
+    for (int row0 = 0; row0 < rows; row0 += RP) {
+        __syncthreads(); /* the pass before is done with q and the stages */
+        lookup(0);
+        if constexpr (AS)
+            issue(0, 0);
+        else
+            fetch(0);
+        lookup(KC);
+        stage_q(row0);
         /* the warp's rows wr0 + g (a) and wr0 + g + 8 (b); rows past the tile take its last
            row's position and are not stored */
         const int wr0 = row0 + 16 * warp;
@@ -1740,6 +1798,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
             if constexpr (AS) {
                 if (c0 + KC < key_end) { /* the next chunk into the other stage */
                     issue(c0 + KC, sb ^ 1);
+                    lookup(c0 + 2 * KC);
                     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
                 } else {
                     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -1755,20 +1814,18 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
             }
             __syncthreads();
             if constexpr (!AS)
-                if (c0 + KC < key_end)
+                if (c0 + KC < key_end) {
                     fetch(c0 + KC);
+                    lookup(c0 + 2 * KC);
+                }
             if (!active || c0 >= wend)
                 continue;
             const unsigned short *kb = ks + 2 * sb * KC * LD, *vs = kb + KC * LD;
-            /* S = Q K^T: NT n-tiles of 8 positions; SPLIT: the lo halves into their own
-               accumulators (twice the independent mma chains), added at the end */
-            float s[NT][4], sl[SPLIT ? NT : 1][4];
+            /* S = Q K^T: NT n-tiles of 8 positions */
+            float s[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; n++)
                 s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-            for (int n = 0; n < (SPLIT ? NT : 1); n++)
-                sl[n][0] = sl[n][1] = sl[n][2] = sl[n][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < KS; kk++) {
                 unsigned ah[4], al[4];
@@ -1778,22 +1835,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                 for (int n = 0; n < NT; n += 2) {
                     unsigned b[4];
                     s_ldsm4<false>(b, kb + (8 * n + bk) * LD + 16 * kk + bd);
-                    if constexpr (SPLIT) {
-                        ecu_mma16816<T>(s[n], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
-                        ecu_mma16816<T>(s[n + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
-                        ecu_mma16816<T>(sl[n], al[0], al[1], al[2], al[3], b[0], b[1]);
-                        ecu_mma16816<T>(sl[n + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
-                    } else {
-                        s_mma_hilo2<T>(s[n], s[n + 1], ah, al, b);
-                    }
+                    s_mma_hilo2<T>(s[n], s[n + 1], ah, al, b);
                 }
             }
-            if constexpr (SPLIT)
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++)
-                        s[n][c] += sl[n][c];
             /* the causal mask and the online softmax: the lane holds positions c0 + 8 n +
                2 tig + c of rows a (s[n][c]) and b (s[n][2 + c]); position 0 is in every
                row's range, so the maxima are finite from the first chunk on */
@@ -1863,8 +1907,8 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
 
 /* The prefill tiles [t0, t0 + nt) on the tensor cores: with the plan's longest-first order
    (st->attn_pf_lpt) a grid of tiles x KV heads (the heads inner), else (nt, KV heads); K / V
-   through cp.async stages for bf16 unless st->attn_pf_async is off; q.k's lo halves in their
-   own accumulators with st->attn_pf_split */
+   through cp.async stages for bf16 unless st->attn_pf_async is off; q and the block table
+   read early for bf16 unless st->attn_pf_early is off */
 template <int HD, typename T>
 static int s_attn_launch_prefill_mma(ecu_state_t *st,
                                      const ecu_attn_plan_t *p,
@@ -1877,20 +1921,22 @@ static int s_attn_launch_prefill_mma(ecu_state_t *st,
                                      int n_kv_head,
                                      int block_size)
 {
-    const int as = st->attn_pf_async && sizeof(T) == 2, sp = st->attn_pf_split != 0;
-    auto kernel = as ? (sp ? s_attn_prefill_mma_kernel<HD, T, true, true>
+    /* the stages and the early loads for bf16 only: with fp8 KV the early loads took 2353
+       us a layer against 1981 without (H100 ncu, two 4096-token prompts) */
+    const int as = st->attn_pf_async && sizeof(T) == 2, ea = st->attn_pf_early && sizeof(T) == 2;
+    auto kernel = as ? (ea ? s_attn_prefill_mma_kernel<HD, T, true, true>
                            : s_attn_prefill_mma_kernel<HD, T, true, false>)
-                     : (sp ? s_attn_prefill_mma_kernel<HD, T, false, true>
+                     : (ea ? s_attn_prefill_mma_kernel<HD, T, false, true>
                            : s_attn_prefill_mma_kernel<HD, T, false, false>);
     const size_t smem = as ? s_pf_smem<HD, true>() : s_pf_smem<HD, false>();
-    static bool attr_set[2][2]; /* per instantiation of this launcher: [as][sp] */
-    if (!attr_set[as][sp]) {
+    static bool attr_set[2][2]; /* per instantiation of this launcher: [as][ea] */
+    if (!attr_set[as][ea]) {
         ECU_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set[as][sp] = true;
+        attr_set[as][ea] = true;
     }
-    const dim3 grid =
-        st->attn_pf_lpt && n_kv_head > 1 ? dim3((unsigned)nt * n_kv_head) : dim3(nt, n_kv_head);
+    const dim3 grid = st->attn_pf_lpt && n_kv_head > 1 ? dim3((unsigned)nt * n_kv_head)
+                                                       : dim3(nt, n_kv_head);
     kernel<<<grid, ECU_ATTN_WARPS * 32, smem, st->stream>>>(
         q, (const T *)kc, (const T *)vc, p->tiles + t0, p->tok_part, p->seq_qstart, p->seq_ctx,
         p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, 1.0f / sqrtf((float)HD),

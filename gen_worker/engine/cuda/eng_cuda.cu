@@ -581,14 +581,13 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         /* the tensor-core prefill: its tiles longest first over one grid of tiles x KV heads
            (ANVIL_CUDA_ATTN_PF_LPT=0: the plan's sequence order, a grid of (tiles, KV heads)),
            bf16 K / V chunks staged by cp.async in two stages (ANVIL_CUDA_ATTN_PF_ASYNC=0:
-           through registers, one stage); ANVIL_CUDA_ATTN_PF_SPLIT=1 puts q.k's hi and lo
-           products in separate accumulators; attention.cu, A/Bs */
+           through registers, one stage), for bf16 q staged in 16-byte loads and the block
+           table read a chunk ahead (ANVIL_CUDA_ATTN_PF_EARLY=0: as the addresses are
+           formed); attention.cu, A/Bs */
         st->attn_pf_lpt = st->attn_pf_mma && kv_dtype != ENG_DTYPE_F32 &&
                           s_env_on("ANVIL_CUDA_ATTN_PF_LPT"); /* the plan's order for it */
         st->attn_pf_async = s_env_on("ANVIL_CUDA_ATTN_PF_ASYNC");
-        const char *psp = getenv("ANVIL_CUDA_ATTN_PF_SPLIT"); /* off by default: H100 ncu
-                                                                 187.5 us with, 184.5 without */
-        st->attn_pf_split = psp && strcmp(psp, "1") == 0;
+        st->attn_pf_early = s_env_on("ANVIL_CUDA_ATTN_PF_EARLY");
         /* the tensor-core decode loads V after q.k (fewer registers, more blocks an SM;
            attention.cu): on the H200 +2.7 % (bf16 KV) and +4.9 % (fp8) at batch 256 x 2k, +2.2 %
            at batch 256, level at batch 1. ANVIL_CUDA_ATTN_VLATE=0 loads V with K (A/B) */
@@ -689,7 +688,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         st->attn_pf_mma ? ", prefill attention mma (bf16/fp8 KV)" : ", prefill fma",
         st->attn_pf_lpt ? ", longest tiles first" : "",
         st->attn_pf_mma && st->attn_pf_async ? ", cp.async stages" : "",
-        st->attn_pf_mma && st->attn_pf_split ? ", split hi/lo" : "",
+        st->attn_pf_mma && st->attn_pf_early ? ", early loads (bf16)" : "",
         st->sample_blocks == 0   ? "8 blocks a row while the clusters are resident, then 1"
         : st->sample_blocks == 1 ? "1 block a row"
                                  : "8 blocks a row",

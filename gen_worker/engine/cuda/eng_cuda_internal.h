@@ -146,7 +146,7 @@ typedef struct {
     int attn_pf_mma;            /* tensor-core prefill attention (attention.cu) */
     int attn_pf_lpt;            /* ... its tiles longest first, KV heads inner (default; A/B) */
     int attn_pf_async;          /* ... bf16 K / V staged by cp.async (default; A/B) */
-    int attn_pf_split;          /* ... q.k's lo halves in their own accumulators (A/B; off) */
+    int attn_pf_early;          /* ... q and block-table entries read early (default; A/B) */
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
     int attn_group;             /* decode splits in shared blocks as group tiles (attention.cu) */

@@ -77,8 +77,8 @@
 #                (a 300-token prompt, a 200-token chunk after 500; bf16 / fp8 KV, G 4 / 8)
 #   racecheck_pf the same under racecheck (its K / V chunks and q in shared memory)
 #   bench_prefill prefill of 1k-token prompts at batch 16 and 64 with the prefill attention on
-#                the tensor cores (the default), with its longest-first order and cp.async
-#                stages off (ANVIL_CUDA_ATTN_PF_LPT / _ASYNC=0) and with
+#                the tensor cores (the default), with its longest-first order, cp.async stages
+#                and early loads off (ANVIL_CUDA_ATTN_PF_LPT / _ASYNC / _EARLY=0) and with
 #                ANVIL_CUDA_ATTN_PREFILL_MMA=0 (the FMA kernel): prefill_tok_s, the A/B in one
 #                session
 #   kernels_prefill ncu's detail sections (speed of light, compute, memory, occupancy, warp
@@ -480,7 +480,7 @@ else
     PF_ARGS=(--batches 16,64 --prompt 1024 --new 8)
 fi
 step bench_prefill 180 bash -c 'b=$0; o="ANVIL_CUDA_ATTN_PF_LPT=0 ANVIL_CUDA_ATTN_PF_ASYNC=0"
-    for v in X=1 "$o" ANVIL_CUDA_ATTN_PREFILL_MMA=0; do
+    for v in X=1 "$o ANVIL_CUDA_ATTN_PF_EARLY=0" ANVIL_CUDA_ATTN_PREFILL_MMA=0; do
         echo "== ${v/X=1/default}"
         env $v "$b" "$@" --ctx-batch 0 --grpo-prompts 0 || exit 1
     done' "$BENCH" "${PF_ARGS[@]}"
