@@ -15,34 +15,38 @@
     second kernel merges each token's partials in split order and normalises, so the sum
     order is fixed too. A prefill tile's o is unnormalised fp32; a decode tile's is o / sum in
     fp16 (st->attn_part: half the bytes the decode tiles write and the combine reads, one
-    rounding of at most 2^-11 of the split's largest |v| an element; ANVIL_CUDA_ATTN_PART=bf16
-    or =f32 for the unnormalised fp32 of before; s_part_put). A graph step (graph.cu) asks for a
-   fixed-size layout instead: every sequence gets the same number of split tiles (those past its
-   context are empty and return at once), so grid sizes and buffer sizes depend only on the batch
-   and context buckets; the tiles that do run compute exactly what the ordinary plan computes. The
-   decode and combine kernels are launched with PDL (see eng_cuda_internal.h); the decode kernel
-   reads its tile, context and block-table entry before the PDL wait (the plan is uploaded before a
-   step's first kernel), issues its whole K row (fp8) before staging q, and a full warp's V rows in
-   batches of 16 (bf16) or 32 (fp8) before the first is used; the combine runs a warp per (token,
-   head), each split's weight computed once by one lane, and also writes its output rounded for the
-   O projection (its rounded twin, matmul.cu). Decode tiles of bf16 / fp8 KV with 4 or 8 query heads
-   a KV head run a tensor-core kernel instead (st->attn_mma, off with ANVIL_CUDA_ATTN_MMA=0;
-   s_attn_decode_mma_kernel, below): the same tiles and partials; it loads V after q.k (VL) unless
-   ANVIL_CUDA_ATTN_VLATE=0. Prefill tiles of bf16 / fp8 KV run on the tensor cores too
-   (st->attn_pf_mma, off with ANVIL_CUDA_ATTN_PREFILL_MMA=0; s_attn_prefill_mma_kernel: K and V
-   chunks staged in shared memory and read by ldmatrix, q and p as hi + lo pairs), where the FMA
-   kernel issues about one shared-memory load an FMA. Decode splits that several sequences hold in
-   the same cache blocks (n samples of a prompt) are found by the plan (s_plan_groups, from the
-   block tables and the block size) and run as group tiles (st->attn_group, off with
-   ANVIL_CUDA_ATTN_GROUP=0; s_attn_group_mma_kernel): one block reads the split's K and V rows once
-   for up to 8 sequences, with the same bits per sequence as its own tile; their decode tiles return
-   at once (tile_grp). The combine is unchanged: a group tile writes each member's partial. A/B
-   switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the default): the
-   decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch 256 x 2k bf16 / fp8
-   KV. Measured and removed (2026-12-05): the last decode block of a token merging its partials
-   instead of the combine kernel (x0.91 to x0.97); each lane asking L2 for its K and V rows before
-   the PDL wait (x1.000 at batch 1 on the H100); the combine a block per (token, head) (x0.998 at
-   batch 16, x0.993 at 256, x0.995 at 256 x 2k fp8 on the H100, against the warp combine).
+    rounding of at most 2^-11 of the split's largest |v| an element; ANVIL_CUDA_ATTN_PART=bf16,
+    or =f32 for the unnormalised fp32 of before; s_part_put). A graph step (graph.cu) asks
+    for a fixed-size layout instead: every sequence gets the same number of split tiles (those
+    past its context are empty and return at once), so grid sizes and buffer sizes depend only
+    on the batch and context buckets; the tiles that do run compute exactly what the ordinary
+    plan computes.
+    The decode and combine kernels are launched with PDL (see eng_cuda_internal.h); the decode
+    kernel reads its tile, context and block-table entry before the PDL wait (the plan is
+    uploaded before a step's first kernel), issues its whole K row (fp8) before staging q, and
+    a full warp's V rows in batches of 16 (bf16) or 32 (fp8) before the first is used; the
+    combine runs a warp per (token, head), each split's weight computed once by one lane, and
+    also writes its output rounded for the O projection (its rounded twin, matmul.cu). Decode
+    tiles of bf16 / fp8 KV with 4 or 8 query heads a KV head run a tensor-core kernel instead
+    (st->attn_mma, off with ANVIL_CUDA_ATTN_MMA=0; s_attn_decode_mma_kernel, below): the same
+    tiles and partials; it loads V after q.k (VL) unless ANVIL_CUDA_ATTN_VLATE=0. Prefill
+    tiles of bf16 / fp8 KV run on the tensor cores too (st->attn_pf_mma, off with
+    ANVIL_CUDA_ATTN_PREFILL_MMA=0; s_attn_prefill_mma_kernel: K and V chunks staged in shared
+    memory and read by ldmatrix, q and p as hi + lo pairs), where the FMA kernel issues about
+    one shared-memory load an FMA.
+    Decode splits that several sequences hold in the same cache blocks (n samples of a prompt)
+    are found by the plan (s_plan_groups, from the block tables and the block size) and run
+    as group tiles (st->attn_group, off with ANVIL_CUDA_ATTN_GROUP=0;
+    s_attn_group_mma_kernel): one block reads the split's K and V rows once for up to 8
+    sequences, with the same bits per sequence as its own tile; their decode tiles return at
+    once (tile_grp). The combine is unchanged: a group tile writes each member's partial.
+    A/B switches, measured on the H200 (gpu_session bench_ab, graphs tok/s against the
+    default): the decode grid with the KV heads inner (s_dec_block) x1.014 / x1.015 at batch
+    256 x 2k bf16 / fp8 KV. Measured and removed (2026-12-05): the last decode block of a token
+    merging its partials instead of the combine kernel (x0.91 to x0.97); each lane asking L2
+    for its K and V rows before the PDL wait (x1.000 at batch 1 on the H100); the combine a
+    block per (token, head) (x0.998 at batch 16, x0.993 at 256, x0.995 at 256 x 2k fp8 on the
+    H100, against the warp combine).
 */
 #include <stdlib.h>
 #include <string.h>
