@@ -13,10 +13,10 @@
     32 positions widened into shared memory and reused by all rows of the tile (tokens x
     heads), one online softmax per row and warp. Every tile writes a partial (o, max, sum); a
     second kernel merges each token's partials in split order and normalises, so the sum
-    order is fixed too. A prefill tile's o is unnormalised fp32; a decode tile's is o / sum in
-    fp16 (st->attn_part: half the bytes the decode tiles write and the combine reads, one
-    rounding of at most 2^-11 of the split's largest |v| an element; ANVIL_CUDA_ATTN_PART=bf16,
-    or =f32 for the unnormalised fp32 of before; s_part_put). A graph step (graph.cu) asks
+    order is fixed too. A tile's o is unnormalised fp32, unless ANVIL_CUDA_ATTN_PART=f16 or
+    =bf16 (st->attn_part; not yet measured on a GPU) has the decode tiles store o / sum in 16
+    bits: half the bytes they write and the combine reads, at one rounding of at most 2^-11
+    (fp16) or 2^-8 (bf16) of the split's largest |v| an element (s_part_put). A graph step asks
     for a fixed-size layout instead: every sequence gets the same number of split tiles (those
     past its context are empty and return at once), so grid sizes and buffer sizes depend only
     on the batch and context buckets; the tiles that do run compute exactly what the ordinary

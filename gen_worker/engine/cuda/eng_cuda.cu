@@ -600,16 +600,16 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            shared prompt) read once for all of them: the group tiles of attention.cu;
            ANVIL_CUDA_ATTN_GROUP=0 gives every sequence its own (A/B; the same bits) */
         st->attn_group = s_env_on("ANVIL_CUDA_ATTN_GROUP");
-        /* the decode tiles' partials o / sum in fp16, half the bytes the tiles write and the
-           combine reads (attention.cu); ANVIL_CUDA_ATTN_PART=bf16 stores them in bf16,
-           =f32 unnormalised in fp32 as before (A/B). fp32 KV keeps fp32 partials. */
+        /* ANVIL_CUDA_ATTN_PART=f16 or =bf16: the decode tiles' partials as o / sum in 16 bits,
+           half the bytes the tiles write and the combine reads (attention.cu; not yet
+           measured on a GPU); unnormalised fp32 by default (=f32). fp32 KV keeps fp32. */
         const char *ap = getenv("ANVIL_CUDA_ATTN_PART");
-        st->attn_part = ECU_PART_F16;
-        if (ap && strcmp(ap, "f32") == 0)
-            st->attn_part = ECU_PART_F32;
+        st->attn_part = ECU_PART_F32;
+        if (ap && strcmp(ap, "f16") == 0)
+            st->attn_part = ECU_PART_F16;
         else if (ap && strcmp(ap, "bf16") == 0)
             st->attn_part = ECU_PART_BF16;
-        else if (ap && strcmp(ap, "f16") != 0)
+        else if (ap && strcmp(ap, "f32") != 0)
             ANV_WARN("cuda backend: ANVIL_CUDA_ATTN_PART=%s ignored (f16, bf16, f32)", ap);
         if (kv_dtype == ENG_DTYPE_F32)
             st->attn_part = ECU_PART_F32;
