@@ -2026,13 +2026,13 @@ static __device__ __forceinline__ void s_part_get(const P *at, float (&v)[PER])
     }
 }
 
-/* One warp's merge of a (token, head)'s ns partials (rows po, stride n_head * HD elements;
-   {max, sum} at ml, stride n_head), this lane's PER dimensions, into r. fp32 partials are
-   unnormalised o: the weights exp(m_i - max); 16-bit ones are o / sum, weighted by sum_i *
+/* One warp's merge of a (token, head)'s ns partials (rows part + row, stride n_head * HD
+   elements; {max, sum} at ml, stride n_head), this lane's PER dimensions, into r. fp32 ones
+   are unnormalised o: the weights exp(m_i - max); 16-bit ones are o / sum, weighted by sum_i *
    exp(m_i - max). Either way normalised by the sum of l_i * exp(m_i - max). */
 template <int PER, typename P>
-static __device__ __forceinline__ void
-s_combine_row(const P *po, const float2 *ml, int ns, int n_head, int lane, float (&r)[PER])
+static __device__ __forceinline__ void s_combine_row(
+    const P *part, size_t row, const float2 *ml, int ns, int n_head, int lane, float (&r)[PER])
 {
     constexpr bool norm = sizeof(P) < 4;      /* 16-bit partials hold o / sum */
     float2 m0 = make_float2(-INFINITY, 0.0f); /* this lane's split of the first round */
@@ -2043,6 +2043,7 @@ s_combine_row(const P *po, const float2 *ml, int ns, int n_head, int lane, float
         mx = fmaxf(mx, __ldcg(ml + (size_t)i * n_head).x);
     mx = ecu_warp_max(mx);
     const size_t stride = (size_t)n_head * PER * 32;
+    const P *po = part + row;
     float sum = 0.0f, acc[PER] = {};
     for (int c0 = 0; c0 < ns; c0 += 32) {
         const int nc = min(32, ns - c0);
@@ -2076,11 +2077,13 @@ s_combine_row(const P *po, const float2 *ml, int ns, int n_head, int lane, float
    in split order (a lane owns HD / 32 dimensions and reads them in one load a split, every
    load of a round issued before the first is used), normalised by the sum of l_i * weight_i
    (a warp sum: a fixed order for a given number of splits). No shared memory, no block
-   barrier. Partials are read through L2 (__ldcg); a decode token's (its first partial below
-   n_dec) are of kind pk (s_part_put), a prefill token's fp32. It replaced a block per (token,
-   head) holding the weights in shared memory (the same bits up to 32 splits): on the H100
-   (2026-12-05, graphs) +0.2 % at batch 16, +0.7 % at batch 256, +0.5 % at 256 x 2k fp8. */
-template <int HD>
+   barrier. Partials are read through L2 (__ldcg). With PK, the decode partials' kind
+   (s_part_put), 16-bit, a decode token's (its first partial below n_dec) are read as such and
+   a prefill token's as fp32; with PK = ECU_PART_F32 every token's are fp32. It replaced a
+   block per (token, head) holding the weights in shared memory (the same bits up to 32
+   splits): on the H100 (2026-12-05, graphs) +0.2 % at batch 16, +0.7 % at batch 256, +0.5 % at
+   256 x 2k fp8. */
+template <int HD, int PK>
 static __global__ void __launch_bounds__(128)
     s_attn_combine_warp_kernel(float *out /* (n_tok, n_head, HD) f32 */,
                                const float *part_o /* (n_parts, n_head, HD) */,
@@ -2090,8 +2093,7 @@ static __global__ void __launch_bounds__(128)
                                int n_head,
                                void *low /* out's rounded twin or NULL */,
                                int kind,
-                               int n_dec,
-                               int pk)
+                               int n_dec)
 {
     constexpr int PER = HD / 32;
     static_assert(PER == 2 || PER == 4, "head_dim 64 or 128");
@@ -2104,12 +2106,15 @@ static __global__ void __launch_bounds__(128)
     const float2 *ml = part_ml + (size_t)base * n_head + h;
     const size_t row = ((size_t)base * n_head + h) * HD + lane * PER;
     float r[PER];
-    if (pk == ECU_PART_F16 && base < n_dec)
-        s_combine_row<PER>((const __half *)part_o + row, ml, ns, n_head, lane, r);
-    else if (pk == ECU_PART_BF16 && base < n_dec)
-        s_combine_row<PER>((const __nv_bfloat16 *)part_o + row, ml, ns, n_head, lane, r);
-    else
-        s_combine_row<PER>(part_o + row, ml, ns, n_head, lane, r);
+    if constexpr (PK != ECU_PART_F32) {
+        using P = typename std::conditional<PK == ECU_PART_F16, __half, __nv_bfloat16>::type;
+        if (base < n_dec)
+            s_combine_row<PER>((const P *)part_o, row, ml, ns, n_head, lane, r);
+        else
+            s_combine_row<PER>(part_o, row, ml, ns, n_head, lane, r);
+    } else {
+        s_combine_row<PER>(part_o, row, ml, ns, n_head, lane, r);
+    }
     const size_t o = ((size_t)t * n_head + h) * HD + lane * PER;
     if constexpr (PER == 4) {
         const float4 v = make_float4(r[0], r[1], r[2], r[3]);
@@ -2306,13 +2311,17 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
     const float *po = (const float *)st->part_o.ptr;
     const float2 *pm = (const float2 *)st->part_ml.ptr;
     const dim3 gw(p->n_tok, (n_head + 3) / 4);
-    const cudaError_t e =
-        head_dim == 64 ? ecu_launch(st, s_attn_combine_warp_kernel<64>, gw, dim3(128), 0, out, po,
-                                    pm, (const int *)p->tok_part, (const int *)p->tok_nsplit,
-                                    n_head, low, kind, p->n_dec_tiles, st->attn_part)
-                       : ecu_launch(st, s_attn_combine_warp_kernel<128>, gw, dim3(128), 0, out, po,
-                                    pm, (const int *)p->tok_part, (const int *)p->tok_nsplit,
-                                    n_head, low, kind, p->n_dec_tiles, st->attn_part);
+    const int *tp = (const int *)p->tok_part, *tn = (const int *)p->tok_nsplit, nd = p->n_dec_tiles;
+#define ECU_COMBINE(HD, PK)                                                                        \
+    ecu_launch(st, s_attn_combine_warp_kernel<HD, PK>, gw, dim3(128), 0, out, po, pm, tp, tn,      \
+               n_head, low, kind, nd)
+#define ECU_COMBINE_HD(HD)                                                                         \
+    (st->attn_part == ECU_PART_F16    ? ECU_COMBINE(HD, ECU_PART_F16)                              \
+     : st->attn_part == ECU_PART_BF16 ? ECU_COMBINE(HD, ECU_PART_BF16)                             \
+                                      : ECU_COMBINE(HD, ECU_PART_F32))
+    const cudaError_t e = head_dim == 64 ? ECU_COMBINE_HD(64) : ECU_COMBINE_HD(128);
+#undef ECU_COMBINE_HD
+#undef ECU_COMBINE
     if (e != cudaSuccess)
         ecu_twin_drop(st);
     ECU_CHECK(e);
