@@ -312,6 +312,17 @@ static void s_kv_fill(eng_dtype_t dt, size_t n, void **hk, void **hv, float **ck
 }
 
 static const char *s_attn_tag = ""; /* names the decode kernel under test */
+
+/* The attention's tolerance against the CPU (relative RMS) for backend be: fp32 partials keep
+   fp32 arithmetic (2e-5); 16-bit decode partials (eng_cuda_attn_part) add one rounding of
+   each split's o / sum, which a host simulation of these tests' batches (their V in [-1, 1])
+   puts at 1.0e-4 to 2.1e-4 (fp16) and 8e-4 to 1.7e-3 (bf16). test_attention_parts holds
+   each kind to the fp32 one element by element. */
+static double s_attn_tol(eng_backend_t *be)
+{
+    const char *k = eng_cuda_attn_part(be);
+    return !k || strcmp(k, "f32") == 0 ? 2e-5 : strcmp(k, "f16") == 0 ? 1e-3 : 6e-3;
+}
 static float *s_attn_keep;          /* set: s_attn_batch with `what` leaves its GPU result there */
 
 /* attention over the batch (nq[s] query tokens of sequence s, ctx[s] its context) against the
@@ -355,7 +366,7 @@ static void s_attn_batch(eng_backend_t *be,
     ecu_t_get(be, got, go, qn * 4);
     snprintf(name, sizeof(name), "attention%s%s hd=%d heads=%d/%d kv=%s", s_attn_tag,
              what ? what : "", hd, nh, nkv, eng_dtype_name(be->kv_dtype));
-    ecu_t_close(name, got, ref, qn, 2e-5);
+    ecu_t_close(name, got, ref, qn, s_attn_tol(be));
     if (what) {
         if (s_attn_keep)
             memcpy(s_attn_keep, got, qn * 4);
@@ -448,6 +459,74 @@ static void test_attention_prefill_switches(eng_dtype_t kv, int hd, int nh, int 
     free(ref), free(got);
 }
 
+/* The decode partials' kinds (ANVIL_CUDA_ATTN_PART): the same inputs (the generator replayed)
+   through backends storing fp32, fp16 and bf16 partials, on a batch of two prefill chunks
+   (fp32 partials whatever the kind) and decodes of 1 to 6 splits (768 positions). Each is
+   held to the CPU (s_attn_tol); the prefill tokens' rows to the fp32 kind's bits; every decode
+   element to the fp32 kind within u * max|v| (u = 2^-11 for fp16, 2^-8 for bf16; V in [-1, 1]):
+   the output is a convex combination of the splits' rounded o / sum, each off by at most u of
+   its size, which is at most max|v|; and at least one decode element must differ, so the kind
+   is in effect. */
+static void test_attention_parts(eng_dtype_t kv, int hd, int nh, int nkv)
+{
+    static const char *const kinds[3] = {"f32", "f16", "bf16"};
+    const double u[3] = {0.0, 1.0 / 2048, 1.0 / 256};
+    const int32_t nq[5] = {37, 1, 20, 1, 1}, ctx[5] = {37, 600, 300, 1, 768};
+    int32_t q_start[6] = {0};
+    for (int s = 0; s < 5; s++)
+        q_start[s + 1] = q_start[s] + nq[s];
+    const size_t row = (size_t)nh * hd, qn = (size_t)q_start[5] * row;
+    char what[96], name[200];
+    float *got[3];
+    const uint64_t seed = ecu_t_rng;
+    for (int k = 0; k < 3; k++) {
+        got[k] = calloc(qn, 4);
+        eng_backend_t *be = s_backend_with(kv, "ANVIL_CUDA_ATTN_PART", kinds[k]);
+        const char *has = be ? eng_cuda_attn_part(be) : NULL;
+        snprintf(name, sizeof(name), "a backend with %s partials, kv=%s", kinds[k],
+                 eng_dtype_name(kv));
+        ecu_t_check(has && strcmp(has, kinds[k]) == 0, name);
+        if (!be || !got[k])
+            continue;
+        snprintf(what, sizeof(what), " decodes of 1 to 6 splits, %s partials", kinds[k]);
+        ecu_t_rng = seed;
+        s_attn_keep = got[k];
+        s_attn_batch(be, hd, nh, nkv, 5, nq, ctx, what);
+        s_attn_keep = NULL;
+        be->destroy(&be);
+    }
+    for (int k = 1; k < 3; k++) {
+        if (!got[0] || !got[k])
+            continue;
+        int pre_same = 1, n_diff = 0;
+        double worst = 0.0;
+        for (int s = 0; s < 5; s++) {
+            const size_t a = (size_t)q_start[s] * row, n = (size_t)nq[s] * row;
+            if (nq[s] > 1) {
+                pre_same &= memcmp(got[k] + a, got[0] + a, n * 4) == 0;
+                continue;
+            }
+            for (size_t i = a; i < a + n; i++) {
+                const double d = fabs((double)got[k][i] - got[0][i]);
+                worst = d > worst ? d : worst;
+                n_diff += got[k][i] != got[0][i];
+            }
+        }
+        snprintf(name, sizeof(name),
+                 "attention%s %s partials hd=%d heads=%d/%d kv=%s: prefill "
+                 "rows the fp32 kind's bits",
+                 s_attn_tag, kinds[k], hd, nh, nkv, eng_dtype_name(kv));
+        ecu_t_check(pre_same, name);
+        snprintf(name, sizeof(name),
+                 "attention%s %s partials hd=%d heads=%d/%d kv=%s: decodes "
+                 "within %.1e of fp32 (worst %.2e), %d elements differ",
+                 s_attn_tag, kinds[k], hd, nh, nkv, eng_dtype_name(kv), u[k] + 1e-6, worst, n_diff);
+        ecu_t_check(worst <= u[k] + 1e-6 && n_diff > 0, name);
+    }
+    for (int k = 0; k < 3; k++)
+        free(got[k]);
+}
+
 /* Many decodes at once, on the Seed-Coder shape (32 / 8 heads, head_dim 128), in KV dtype
    kv: 64 sequences with contexts spread over 1..700 (split edges included), about 1400
    (tile, KV head) items, more than a GPU holds blocks at once. The default grid, the grid
@@ -505,7 +584,7 @@ static void test_attention_decodes(eng_dtype_t kv)
         char name[128];
         snprintf(name, sizeof(name), "attention, 64 decodes, %s, kv=%s", label[i],
                  eng_dtype_name(kv));
-        ecu_t_close(name, got[i], ref, qn, 2e-5);
+        ecu_t_close(name, got[i], ref, qn, s_attn_tol(be[i]));
         if (i > 0) {
             snprintf(name, sizeof(name), "attention, 64 decodes, %s = default, kv=%s",
                      label[i], eng_dtype_name(kv));
@@ -611,7 +690,7 @@ static void test_attention_groups(eng_dtype_t kv, int hd, int nh, int nkv)
                  : i == 1 ? ""
                           : " (prepare)",
                  hd, nh, nkv, eng_dtype_name(kv));
-        ecu_t_close(name, got[i], ref, qn, 2e-5);
+        ecu_t_close(name, got[i], ref, qn, s_attn_tol(be));
         if (i > 0) {
             snprintf(
                 name, sizeof(name),
@@ -650,7 +729,7 @@ static void test_attention_long(void)
     int rc = gpu->attention(gpu, go, gq, gk, gv, &b, nh, nkv, hd, bs);
     ecu_t_check(rc == 0, "attention over 32 to 71 splits returns 0");
     ecu_t_get(gpu, got, go, qn * 4);
-    ecu_t_close("attention, contexts 4096 / 4097 / 9000", got, ref, qn, 2e-5);
+    ecu_t_close("attention, contexts 4096 / 4097 / 9000", got, ref, qn, s_attn_tol(gpu));
     gpu->free(gpu, gk), gpu->free(gpu, gv), gpu->free(gpu, gq), gpu->free(gpu, go);
     free(tables), free(ck), free(cv), free(hk), free(hv), free(q), free(ref), free(got);
 }
@@ -1546,6 +1625,10 @@ int main(int argc, char **argv)
     test_attention_prefill_switches(ENG_DTYPE_BF16, 128, 32, 8);
     test_attention_prefill_switches(ENG_DTYPE_BF16, 64, 16, 2);
     test_attention_prefill_switches(ENG_DTYPE_F8E4M3, 128, 32, 8);
+    test_attention_parts(ENG_DTYPE_BF16, 128, 32, 8);
+    test_attention_parts(ENG_DTYPE_F8E4M3, 128, 32, 8);
+    test_attention_parts(ENG_DTYPE_BF16, 64, 16, 2);
+    test_attention_parts(ENG_DTYPE_BF16, 128, 28, 4); /* 7 a KV head: the FMA decode */
     test_attention_long();
     test_attention_groups(ENG_DTYPE_BF16, 128, 32, 8);
     test_attention_groups(ENG_DTYPE_F8E4M3, 128, 32, 8);
@@ -1580,6 +1663,13 @@ int main(int argc, char **argv)
         mma16->destroy(&mma16);
     if (mma8)
         mma8->destroy(&mma8);
+    /* the FMA decode kernel's partials of each kind */
+    setenv("ANVIL_CUDA_ATTN_MMA", "0", 1);
+    s_attn_tag = " (fma)";
+    test_attention_parts(ENG_DTYPE_BF16, 128, 32, 8);
+    test_attention_parts(ENG_DTYPE_F8E4M3, 64, 16, 2);
+    s_attn_tag = "";
+    unsetenv("ANVIL_CUDA_ATTN_MMA");
     test_elementwise();
     test_linears();
     test_linears_gemv8();

@@ -11,12 +11,16 @@
     K read straight from the pool), then lanes own head dimensions for p.V (coalesced rows of
     V); the four warps' softmax states merge in shared memory. Prefill kernel: K/V chunks of
     32 positions widened into shared memory and reused by all rows of the tile (tokens x
-    heads), one online softmax per row and warp. Every tile writes an unnormalised partial
-    (o, max, sum); a second kernel merges each token's partials in split order and
-    normalises, so the sum order is fixed too. A graph step (graph.cu) asks for a fixed-size
-    layout instead: every sequence gets the same number of split tiles (those past its context
-    are empty and return at once), so grid sizes and buffer sizes depend only on the batch and
-    context buckets; the tiles that do run compute exactly what the ordinary plan computes.
+    heads), one online softmax per row and warp. Every tile writes a partial (o, max, sum); a
+    second kernel merges each token's partials in split order and normalises, so the sum
+    order is fixed too. A tile's o is unnormalised fp32, unless ANVIL_CUDA_ATTN_PART=f16 or
+    =bf16 (st->attn_part; not yet measured on a GPU) has the decode tiles store o / sum in 16
+    bits: half the bytes they write and the combine reads, at one rounding of at most 2^-11
+    (fp16) or 2^-8 (bf16) of the split's largest |v| an element (s_part_put). A graph step asks
+    for a fixed-size layout instead: every sequence gets the same number of split tiles (those
+    past its context are empty and return at once), so grid sizes and buffer sizes depend only
+    on the batch and context buckets; the tiles that do run compute exactly what the ordinary
+    plan computes.
     The decode and combine kernels are launched with PDL (see eng_cuda_internal.h); the decode
     kernel reads its tile, context and block-table entry before the PDL wait (the plan is
     uploaded before a step's first kernel), issues its whole K row (fp8) before staging q, and
@@ -389,16 +393,44 @@ template <typename T> static __device__ __forceinline__ void s_ld8(const T *p, f
     s_k8_widen(r, o);
 }
 
+/* Element `at` (row * HD + dim) of a partial's o, kind pk (st->attn_part): ECU_PART_F32 the
+   unnormalised o in fp32 (part_o as floats); ECU_PART_F16 / _BF16 o / sum, the row's
+   normalised output, in 16 bits (part_o as halves: a decode partial's row lies in the first
+   half of its fp32 row's bytes, and the decode partials come first, so the prefill partials
+   after them keep their fp32 rows). fp16 saturates at +-65504 (|o / sum| is at most the
+   split's largest |v|). __fdiv_rn: the same bits in every kernel that writes a partial. */
+static __device__ __forceinline__ void
+s_part_put(float *part_o, size_t at, float o, float sum, int pk)
+{
+    if (pk == ECU_PART_F32) {
+        part_o[at] = o;
+        return;
+    }
+    const float v = sum > 0.0f ? __fdiv_rn(o, sum) : 0.0f;
+    if (pk == ECU_PART_BF16)
+        ((__nv_bfloat16 *)part_o)[at] = __float2bfloat16_rn(v);
+    else
+        ((__half *)part_o)[at] = __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
+}
+
 template <int HD, int RPW, typename T>
 static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     s_attn_kernel(const float *q /* (n_tok, n_head, HD) f32 */,
-                  const T *k_cache, const T *v_cache /* (n_blocks, bs, n_kv, HD) T */,
+                  const T *k_cache,
+                  const T *v_cache /* (n_blocks, bs, n_kv, HD) T */,
                   const int4 *tiles /* (n_tiles) {seq, tok0, n_q, split} */,
-                  const int *tok_part /* (n_tok) */, const int *seq_qstart /* (n_seq + 1) */,
-                  const int *seq_ctx /* (n_seq) */, const int *block_tables /* (n_seq, mb) */,
-                  int max_blocks, int block_size, int n_head, int n_kv_head, float scale,
-                  float *part_o /* (n_parts, n_head, HD) f32 */,
-                  float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+                  const int *tok_part /* (n_tok) */,
+                  const int *seq_qstart /* (n_seq + 1) */,
+                  const int *seq_ctx /* (n_seq) */,
+                  const int *block_tables /* (n_seq, mb) */,
+                  int max_blocks,
+                  int block_size,
+                  int n_head,
+                  int n_kv_head,
+                  float scale,
+                  float *part_o /* (n_parts, n_head, HD) f32; decode rows of kind pk */,
+                  float2 *part_ml /* (n_parts, n_head) {max, sum} */,
+                  int pk)
 {
     extern __shared__ float smem[];
     float *ks = smem;                                /* (KC, HD + 1) */
@@ -500,7 +532,8 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
             size_t pi = (size_t)(tok_part[t] + (decode ? split : 0)) * n_head + h;
 #pragma unroll
             for (int d = 0; d < PER; d++)
-                part_o[pi * HD + lane + 32 * d] = o[i][d];
+                s_part_put(part_o, pi * HD + lane + 32 * d, o[i][d], l[i],
+                           decode ? pk : ECU_PART_F32);
             if (lane == 0)
                 part_ml[pi] = make_float2(m[i], l[i]);
         }
@@ -579,13 +612,19 @@ static __device__ __forceinline__ void s_pv_acc(float (&o)[G][PER], const s_vp<P
     }
 }
 
-/* A decode block's partial of head g (row pi of the partials), dim d: its warps' (o, max, sum)
-   merged in a fixed order; o_of(w) is warp w's unnormalised o of (g, d) */
+/* A decode block's partial of head g (row pi of the partials, kind pk), dim d: its warps'
+   (o, max, sum) merged in a fixed order; o_of(w) is warp w's unnormalised o of (g, d) */
 template <int G, typename F>
 static __device__ __forceinline__ void s_warps_merge(const float (&wm)[ECU_ATTN_WARPS][G],
-                                                     const float (&wl)[ECU_ATTN_WARPS][G], int g,
-                                                     F o_of, float *part_o, float2 *part_ml,
-                                                     size_t pi, int hd, int d)
+                                                     const float (&wl)[ECU_ATTN_WARPS][G],
+                                                     int g,
+                                                     F o_of,
+                                                     float *part_o,
+                                                     float2 *part_ml,
+                                                     size_t pi,
+                                                     int hd,
+                                                     int d,
+                                                     int pk)
 {
     float mx = -INFINITY;
 #pragma unroll
@@ -600,7 +639,7 @@ static __device__ __forceinline__ void s_warps_merge(const float (&wm)[ECU_ATTN_
         acc += o_of(w) * f;
         sum += wl[w][g] * f;
     }
-    part_o[pi * hd + d] = acc;
+    s_part_put(part_o, pi * hd + d, acc, sum, pk);
     if (d == 0)
         part_ml[pi] = make_float2(mx, sum);
 }
@@ -661,8 +700,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
                          int n_head,
                          int n_kv_head,
                          float scale,
-                         float *part_o /* (n_parts, n_head, HD) f32 */,
-                         float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+                         float *part_o /* (n_parts, n_head, HD), kind pk (s_part_put) */,
+                         float2 *part_ml /* (n_parts, n_head) {max, sum} */,
+                         int pk)
 {
     constexpr int PER = HD / 32;
     __shared__ float qs[G][HD];
@@ -785,8 +825,8 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
     const size_t pi0 = (size_t)(tok_part[tok] + split) * n_head + kvh * G;
     for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
         const int g = idx / HD, d = idx % HD;
-        s_warps_merge<G>(wm, wl, g, [&](int w) { return wo[w][g][d]; }, part_o, part_ml,
-                         pi0 + g, HD, d);
+        s_warps_merge<G>(
+            wm, wl, g, [&](int w) { return wo[w][g][d]; }, part_o, part_ml, pi0 + g, HD, d, pk);
     }
 }
 
@@ -1085,8 +1125,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
                              int n_head,
                              int n_kv_head,
                              float scale,
-                             float *part_o /* (n_parts, n_head, HD) f32 */,
-                             float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+                             float *part_o /* (n_parts, n_head, HD), kind pk (s_part_put) */,
+                             float2 *part_ml /* (n_parts, n_head) {max, sum} */,
+                             int pk)
 {
     static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
     static_assert(sizeof(T) <= 2, "the mma decode takes bf16 or fp8 KV");
@@ -1095,6 +1136,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     __shared__ uint4 qf[KS][32]; /* q.k A fragments, in lane order */
     __shared__ float wm[ECU_ATTN_WARPS][G], wl[ECU_ATTN_WARPS][G];
     __shared__ float fw[G][ECU_ATTN_WARPS];                    /* the merge's weights */
+    __shared__ float fs[G];                                    /* ... and sums */
     __shared__ __align__(16) float wo[ECU_ATTN_WARPS][8 * WS]; /* (dim, 8 columns) */
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
@@ -1169,8 +1211,10 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     const size_t pi0 = (size_t)(tok_part[cur.tok] + cur.split) * n_head + cur.kvh * G;
     if (threadIdx.x < G) {
         const int qg = threadIdx.x;
-        part_ml[pi0 + qg] = s_merge_weights([&](int w) { return wm[w][qg]; },
-                                            [&](int w) { return wl[w][qg]; }, fw[qg]);
+        const float2 ml = s_merge_weights([&](int w) { return wm[w][qg]; },
+                                          [&](int w) { return wl[w][qg]; }, fw[qg]);
+        part_ml[pi0 + qg] = ml;
+        fs[qg] = ml.y;
     }
     __syncthreads();
     constexpr int NT = ECU_ATTN_WARPS * 32;
@@ -1178,6 +1222,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     const int qg = threadIdx.x % G;
     float f[ECU_ATTN_WARPS];
     bool ok[ECU_ATTN_WARPS];
+    const float sum = fs[qg];
 #pragma unroll
     for (int w = 0; w < ECU_ATTN_WARPS; w++)
         f[w] = fw[qg][w], ok[w] = wm[w][qg] != -INFINITY;
@@ -1189,7 +1234,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
         for (int w = 0; w < ECU_ATTN_WARPS; w++)
             if (ok[w])
                 acc += (G <= 4 ? wo[w][at2] + wo[w][at2 + 4] : wo[w][at2]) * f[w];
-        part_o[(pi0 + qg) * HD + d] = acc;
+        s_part_put(part_o, (pi0 + qg) * HD + d, acc, sum, pk);
     }
 }
 
@@ -1357,8 +1402,9 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                             int n_head,
                             int n_kv_head,
                             float scale,
-                            float *part_o /* (n_parts, n_head, HD) f32 */,
-                            float2 *part_ml /* (n_parts, n_head) {max, sum} */)
+                            float *part_o /* (n_parts, n_head, HD), kind pk (s_part_put) */,
+                            float2 *part_ml /* (n_parts, n_head) {max, sum} */,
+                            int pk)
 {
     static_assert(G == 4 || G == 8, "the mma decode takes 4 or 8 query heads a KV head");
     using D = s_dm<HD, T>;
@@ -1373,6 +1419,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
     __shared__ float wm[NP][ECU_ATTN_WARPS][8], wl[NP][ECU_ATTN_WARPS][8];
     __shared__ float fw[NP][8][ECU_ATTN_WARPS]; /* the merge's weights */
     __shared__ long long rpi[NP][8];            /* the rows' partials (-1: no member) */
+    __shared__ float rsum[NP][8];               /* ... and their sums */
     __shared__ int2 mem[2][ECU_ATTN_GMAX];      /* the item's members, the next's */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     const size_t kv_row = (size_t)n_kv_head * HD;
@@ -1486,7 +1533,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                                               [&](int w) { return wl[j][w][qg]; }, fw[j][qg]);
             const long long pi =
                 m < nm ? (long long)(im[m].y + gt.y) * n_head + kvh * G + qg % G : -1;
-            rpi[j][qg] = pi;
+            rpi[j][qg] = pi, rsum[j][qg] = ml.y;
             if (pi >= 0)
                 part_ml[pi] = ml;
         }
@@ -1516,6 +1563,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                 continue;
             float f[ECU_ATTN_WARPS];
             bool ok[ECU_ATTN_WARPS];
+            const float sum = rsum[j][qg];
 #pragma unroll
             for (int w = 0; w < ECU_ATTN_WARPS; w++)
                 f[w] = fw[j][qg][w], ok[w] = wm[j][w][qg] != -INFINITY;
@@ -1528,7 +1576,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                 for (int w = 0; w < ECU_ATTN_WARPS; w++)
                     if (ok[w])
                         acc += wo[w][at2] * f[w];
-                part_o[(size_t)pi * HD + d] = acc;
+                s_part_put(part_o, (size_t)pi * HD + d, acc, sum, pk);
             }
         }
         gt = gtn;
@@ -1945,22 +1993,107 @@ static int s_attn_launch_prefill_mma(ecu_state_t *st,
     return 0;
 }
 
+/* PER values (2 or 4) of a partial's row as fp32: fp32 partials in one 8- or 16-byte load, 16-bit
+   ones (s_part_put) in one 4- or 8-byte load; through L2 (__ldcg). */
+template <int PER, typename P>
+static __device__ __forceinline__ void s_part_get(const P *at, float (&v)[PER])
+{
+    if constexpr (sizeof(P) == 4) {
+        if constexpr (PER == 4) {
+            const float4 x = __ldcg((const float4 *)at);
+            v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+        } else {
+            const float2 x = __ldcg((const float2 *)at);
+            v[0] = x.x, v[1] = x.y;
+        }
+    } else {
+        unsigned u[PER / 2];
+        if constexpr (PER == 4) {
+            const uint2 x = __ldcg((const uint2 *)at);
+            u[0] = x.x, u[1] = x.y;
+        } else {
+            u[0] = __ldcg((const unsigned *)at);
+        }
+#pragma unroll
+        for (int e = 0; e < PER / 2; e++) {
+            float2 f;
+            if constexpr (std::is_same<P, __half>::value)
+                f = __half22float2(*(const __half2 *)&u[e]);
+            else
+                f = __bfloat1622float2(*(const __nv_bfloat162 *)&u[e]);
+            v[2 * e] = f.x, v[2 * e + 1] = f.y;
+        }
+    }
+}
+
+/* One warp's merge of a (token, head)'s ns partials (rows part + row, stride n_head * HD
+   elements; {max, sum} at ml, stride n_head), this lane's PER dimensions, into r. fp32 ones
+   are unnormalised o: the weights exp(m_i - max); 16-bit ones are o / sum, weighted by sum_i *
+   exp(m_i - max). Either way normalised by the sum of l_i * exp(m_i - max). */
+template <int PER, typename P>
+static __device__ __forceinline__ void s_combine_row(
+    const P *part, size_t row, const float2 *ml, int ns, int n_head, int lane, float (&r)[PER])
+{
+    constexpr bool norm = sizeof(P) < 4;      /* 16-bit partials hold o / sum */
+    float2 m0 = make_float2(-INFINITY, 0.0f); /* this lane's split of the first round */
+    if (lane < ns)
+        m0 = __ldcg(ml + (size_t)lane * n_head);
+    float mx = m0.x;
+    for (int i = lane + 32; i < ns; i += 32)
+        mx = fmaxf(mx, __ldcg(ml + (size_t)i * n_head).x);
+    mx = ecu_warp_max(mx);
+    const size_t stride = (size_t)n_head * PER * 32;
+    const P *po = part + row;
+    float sum = 0.0f, acc[PER] = {};
+    for (int c0 = 0; c0 < ns; c0 += 32) {
+        const int nc = min(32, ns - c0);
+        float2 m = c0 == 0 ? m0 : make_float2(-INFINITY, 0.0f);
+        if (c0 > 0 && lane < nc)
+            m = __ldcg(ml + (size_t)(c0 + lane) * n_head);
+        const float w = lane < nc && m.x != -INFINITY ? __expf(m.x - mx) : 0.0f;
+        if (lane < nc)
+            sum += m.y * w;
+        const float wo = norm ? m.y * w : w; /* the weight of this lane's split's row */
+        const P *pc = po + (size_t)c0 * stride;
+#pragma unroll 8
+        for (int i = 0; i < nc; i++) {
+            const float wi = __shfl_sync(0xffffffffu, wo, i);
+            float v[PER];
+            s_part_get<PER>(pc + i * stride, v);
+#pragma unroll
+            for (int e = 0; e < PER; e++)
+                acc[e] += v[e] * wi;
+        }
+    }
+    sum = ecu_warp_sum(sum);
+#pragma unroll
+    for (int e = 0; e < PER; e++)
+        r[e] = sum > 0.0f ? acc[e] / sum : 0.0f;
+}
+
 /* The merge of token t's partials for head h, a warp per (token, head), four heads a block:
    the max over the token's splits, each split's weight exp(m_i - max) computed once by one
    lane (lane i holds split i of a round of 32, 4096 positions), the weighted partials summed
-   in split order (a lane owns HD / 32 dimensions and reads them in one 8- or 16-byte load a
-   split, every load of a round issued before the first is used), normalised by the sum of
-   l_i * weight_i (a warp sum: a fixed order for a given number of splits). No shared memory,
-   no block barrier. Partials are read through L2 (__ldcg). It replaced a block per (token,
-   head) holding the weights in shared memory (the same bits up to 32 splits): on the H100
-   (2026-12-05, graphs) +0.2 % at batch 16, +0.7 % at batch 256, +0.5 % at 256 x 2k fp8. */
-template <int HD>
+   in split order (a lane owns HD / 32 dimensions and reads them in one load a split, every
+   load of a round issued before the first is used), normalised by the sum of l_i * weight_i
+   (a warp sum: a fixed order for a given number of splits). No shared memory, no block
+   barrier. Partials are read through L2 (__ldcg). With PK, the decode partials' kind
+   (s_part_put), 16-bit, a decode token's (its first partial below n_dec) are read as such and
+   a prefill token's as fp32; with PK = ECU_PART_F32 every token's are fp32. It replaced a
+   block per (token, head) holding the weights in shared memory (the same bits up to 32
+   splits): on the H100 (2026-12-05, graphs) +0.2 % at batch 16, +0.7 % at batch 256, +0.5 % at
+   256 x 2k fp8. */
+template <int HD, int PK>
 static __global__ void __launch_bounds__(128)
     s_attn_combine_warp_kernel(float *out /* (n_tok, n_head, HD) f32 */,
                                const float *part_o /* (n_parts, n_head, HD) */,
                                const float2 *part_ml /* (n_parts, n_head) */,
-                               const int *tok_part, const int *tok_nsplit, int n_head,
-                               void *low /* out's rounded twin or NULL */, int kind)
+                               const int *tok_part,
+                               const int *tok_nsplit,
+                               int n_head,
+                               void *low /* out's rounded twin or NULL */,
+                               int kind,
+                               int n_dec)
 {
     constexpr int PER = HD / 32;
     static_assert(PER == 2 || PER == 4, "head_dim 64 or 128");
@@ -1971,43 +2104,18 @@ static __global__ void __launch_bounds__(128)
     if (h >= n_head)
         return; /* a whole warp: no barrier below */
     const float2 *ml = part_ml + (size_t)base * n_head + h;
-    float2 m0 = make_float2(-INFINITY, 0.0f); /* this lane's split of the first round */
-    if (lane < ns)
-        m0 = __ldcg(ml + (size_t)lane * n_head);
-    float mx = m0.x;
-    for (int i = lane + 32; i < ns; i += 32)
-        mx = fmaxf(mx, __ldcg(ml + (size_t)i * n_head).x);
-    mx = ecu_warp_max(mx);
-    const size_t stride = (size_t)n_head * HD;
-    const float *po = part_o + ((size_t)base * n_head + h) * HD + lane * PER;
-    float sum = 0.0f, acc[PER] = {};
-    for (int c0 = 0; c0 < ns; c0 += 32) {
-        const int nc = min(32, ns - c0);
-        float2 m = c0 == 0 ? m0 : make_float2(-INFINITY, 0.0f);
-        if (c0 > 0 && lane < nc)
-            m = __ldcg(ml + (size_t)(c0 + lane) * n_head);
-        const float w = lane < nc && m.x != -INFINITY ? __expf(m.x - mx) : 0.0f;
-        if (lane < nc)
-            sum += m.y * w;
-        const float *pc = po + (size_t)c0 * stride;
-#pragma unroll 8
-        for (int i = 0; i < nc; i++) {
-            const float wi = __shfl_sync(0xffffffffu, w, i);
-            if constexpr (PER == 4) {
-                const float4 v = __ldcg((const float4 *)(pc + i * stride));
-                acc[0] += v.x * wi, acc[1] += v.y * wi, acc[2] += v.z * wi, acc[3] += v.w * wi;
-            } else {
-                const float2 v = __ldcg((const float2 *)(pc + i * stride));
-                acc[0] += v.x * wi, acc[1] += v.y * wi;
-            }
-        }
-    }
-    sum = ecu_warp_sum(sum);
-    const size_t o = ((size_t)t * n_head + h) * HD + lane * PER;
+    const size_t row = ((size_t)base * n_head + h) * HD + lane * PER;
     float r[PER];
-#pragma unroll
-    for (int e = 0; e < PER; e++)
-        r[e] = sum > 0.0f ? acc[e] / sum : 0.0f;
+    if constexpr (PK != ECU_PART_F32) {
+        using P = typename std::conditional<PK == ECU_PART_F16, __half, __nv_bfloat16>::type;
+        if (base < n_dec)
+            s_combine_row<PER>((const P *)part_o, row, ml, ns, n_head, lane, r);
+        else
+            s_combine_row<PER>(part_o, row, ml, ns, n_head, lane, r);
+    } else {
+        s_combine_row<PER>(part_o, row, ml, ns, n_head, lane, r);
+    }
+    const size_t o = ((size_t)t * n_head + h) * HD + lane * PER;
     if constexpr (PER == 4) {
         const float4 v = make_float4(r[0], r[1], r[2], r[3]);
         *(float4 *)(out + o) = v;
@@ -2035,8 +2143,8 @@ static int s_attn_launch_one(ecu_state_t *st, const ecu_attn_plan_t *p, int t0, 
     dim3 grid(nt, n_kv_head);
     s_attn_kernel<HD, RPW, T><<<grid, ECU_ATTN_WARPS * 32, smem, st->stream>>>(
         q, (const T *)kc, (const T *)vc, p->tiles + t0, p->tok_part, p->seq_qstart, p->seq_ctx,
-        p->block_tables, p->max_blocks, block_size, n_head, n_kv_head,
-        1.0f / sqrtf((float)HD), (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr);
+        p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, 1.0f / sqrtf((float)HD),
+        (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr, st->attn_part);
     ECU_LAUNCHED();
     return 0;
 }
@@ -2077,7 +2185,7 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
                          (const T *)vc, (const int4 *)p->tiles,
                          (const int *)(group ? p->tile_grp : NULL), p->tok_part, p->seq_ctx,
                          p->block_tables, p->max_blocks, block_size, n_head, n_kv_head, scale,
-                         (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr));
+                         (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr, st->attn_part));
     if constexpr ((G == 4 || G == 8) && sizeof(T) <= 2)
         if (group) {
             /* a persistent grid of the resident blocks, or as many as the layout can have
@@ -2094,12 +2202,12 @@ static int s_attn_launch_decode(ecu_state_t *st, const ecu_attn_plan_t *p, const
             }
             const long items = (long)p->max_gt * n_kv_head;
             const long most = (long)st->n_sm * per_sm;
-            ECU_CHECK(ecu_launch(st, gk, dim3((unsigned)(items < most ? items : most)),
-                                 dim3(ECU_ATTN_WARPS * 32), smem, q, (const T *)kc, (const T *)vc,
-                                 (const int4 *)p->gtiles, (const int *)p->gcount,
-                                 (const int2 *)p->gmembers, (const int *)p->block_tables,
-                                 p->max_blocks, block_size, n_head, n_kv_head, scale,
-                                 (float *)st->part_o.ptr, (float2 *)st->part_ml.ptr));
+            ECU_CHECK(ecu_launch(
+                st, gk, dim3((unsigned)(items < most ? items : most)), dim3(ECU_ATTN_WARPS * 32),
+                smem, q, (const T *)kc, (const T *)vc, (const int4 *)p->gtiles,
+                (const int *)p->gcount, (const int2 *)p->gmembers, (const int *)p->block_tables,
+                p->max_blocks, block_size, n_head, n_kv_head, scale, (float *)st->part_o.ptr,
+                (float2 *)st->part_ml.ptr, st->attn_part));
         }
     return 0;
 }
@@ -2155,6 +2263,14 @@ extern "C" int eng_cuda_attn_group_tiles(eng_backend_t *be)
     return ecu_st(be)->plan.n_gt;
 }
 
+extern "C" const char *eng_cuda_attn_part(eng_backend_t *be)
+{
+    if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+        return NULL;
+    const int pk = ecu_st(be)->attn_part;
+    return pk == ECU_PART_F16 ? "f16" : pk == ECU_PART_BF16 ? "bf16" : "f32";
+}
+
 extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, const void *k_cache,
                              const void *v_cache, const eng_attn_batch_t *batch, int n_head,
                              int n_kv_head, int head_dim, int block_size)
@@ -2195,13 +2311,17 @@ extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, cons
     const float *po = (const float *)st->part_o.ptr;
     const float2 *pm = (const float2 *)st->part_ml.ptr;
     const dim3 gw(p->n_tok, (n_head + 3) / 4);
-    const cudaError_t e =
-        head_dim == 64 ? ecu_launch(st, s_attn_combine_warp_kernel<64>, gw, dim3(128), 0, out, po,
-                                    pm, (const int *)p->tok_part, (const int *)p->tok_nsplit,
-                                    n_head, low, kind)
-                       : ecu_launch(st, s_attn_combine_warp_kernel<128>, gw, dim3(128), 0, out,
-                                    po, pm, (const int *)p->tok_part, (const int *)p->tok_nsplit,
-                                    n_head, low, kind);
+    const int *tp = (const int *)p->tok_part, *tn = (const int *)p->tok_nsplit, nd = p->n_dec_tiles;
+#define ECU_COMBINE(HD, PK)                                                                        \
+    ecu_launch(st, s_attn_combine_warp_kernel<HD, PK>, gw, dim3(128), 0, out, po, pm, tp, tn,      \
+               n_head, low, kind, nd)
+#define ECU_COMBINE_HD(HD)                                                                         \
+    (st->attn_part == ECU_PART_F16    ? ECU_COMBINE(HD, ECU_PART_F16)                              \
+     : st->attn_part == ECU_PART_BF16 ? ECU_COMBINE(HD, ECU_PART_BF16)                             \
+                                      : ECU_COMBINE(HD, ECU_PART_F32))
+    const cudaError_t e = head_dim == 64 ? ECU_COMBINE_HD(64) : ECU_COMBINE_HD(128);
+#undef ECU_COMBINE_HD
+#undef ECU_COMBINE
     if (e != cudaSuccess)
         ecu_twin_drop(st);
     ECU_CHECK(e);

@@ -600,6 +600,19 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            shared prompt) read once for all of them: the group tiles of attention.cu;
            ANVIL_CUDA_ATTN_GROUP=0 gives every sequence its own (A/B; the same bits) */
         st->attn_group = s_env_on("ANVIL_CUDA_ATTN_GROUP");
+        /* ANVIL_CUDA_ATTN_PART=f16 or =bf16: the decode tiles' partials as o / sum in 16 bits,
+           half the bytes the tiles write and the combine reads (attention.cu; not yet
+           measured on a GPU); unnormalised fp32 by default (=f32). fp32 KV keeps fp32. */
+        const char *ap = getenv("ANVIL_CUDA_ATTN_PART");
+        st->attn_part = ECU_PART_F32;
+        if (ap && strcmp(ap, "f16") == 0)
+            st->attn_part = ECU_PART_F16;
+        else if (ap && strcmp(ap, "bf16") == 0)
+            st->attn_part = ECU_PART_BF16;
+        else if (ap && strcmp(ap, "f32") != 0)
+            ANV_WARN("cuda backend: ANVIL_CUDA_ATTN_PART=%s ignored (f16, bf16, f32)", ap);
+        if (kv_dtype == ENG_DTYPE_F32)
+            st->attn_part = ECU_PART_F32;
         /* the ops that write a cuBLASLt product's input (SwiGLU in a composed gate|up linear,
            the attention's combine) also write it rounded, so the product does not round it
            again (ecu_twin_begin, matmul.cu); ANVIL_CUDA_TWIN=0 leaves the rounding to the
@@ -672,7 +685,8 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     ANV_INFO(
         "cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
         "%s%s%s, tensor-core skinny products up to %d rows, rounded twins %s%s, gate|up product "
-        "in %s, %s norms, %s rope store, decode attention %s%s%s%s%s%s%s%s, sampler %s%s",
+        "in %s, %s norms, %s rope store, decode attention %s%s%s%s, %s partials%s%s%s%s, "
+        "sampler %s%s",
         prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
         st->pdl ? "on" : "off", st->gemv_max,
         st->gemv_persist ? "persistent (staged norm)" : "a block a group",
@@ -685,6 +699,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
         st->attn_kv_inner ? ", KV heads inner" : "",
         st->attn_mma && st->attn_group ? ", shared splits as group tiles" : "",
+        st->attn_part == ECU_PART_F16    ? "fp16"
+        : st->attn_part == ECU_PART_BF16 ? "bf16"
+                                         : "fp32",
         st->attn_pf_mma ? ", prefill attention mma (bf16/fp8 KV)" : ", prefill fma",
         st->attn_pf_lpt ? ", longest tiles first" : "",
         st->attn_pf_mma && st->attn_pf_async ? ", cp.async stages" : "",

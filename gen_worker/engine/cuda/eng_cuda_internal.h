@@ -122,6 +122,11 @@ typedef struct {
    ANVIL_CUDA_SAMPLE_BLOCKS=8 (softmax.cu). */
 #define ECU_SM_CLUSTER 8
 
+/* How the attention's decode tiles store their partials' o (st->attn_part, attention.cu):
+   fp32 and unnormalised, or o / sum in fp16 (saturated at +-65504) or bf16. Prefill
+   partials stay fp32. */
+enum { ECU_PART_F32 = 0, ECU_PART_F16 = 1, ECU_PART_BF16 = 2 };
+
 #define ECU_LT_CACHE 64
 #define ECU_STAGE_BUFS 3
 #define ECU_STAGE_BYTES ((size_t)64 << 20)
@@ -150,6 +155,7 @@ typedef struct {
     int attn_vlate;             /* ... loading V after q.k (attention.cu; default) */
     int attn_kv_inner;          /* decode grid with the KV heads inner (attention.cu; A/B) */
     int attn_group;             /* decode splits in shared blocks as group tiles (attention.cu) */
+    int attn_part;              /* decode partials' o: ECU_PART_* (attention.cu; A/B) */
     int kv_block_size;          /* the KV cache's block size, as last given (0: not yet) */
     long long group_plans, group_tiles; /* plans with group tiles, and their tiles (a log line) */
     int twin_on;                /* producers write rounded twins (ecu_twin_begin; default; A/B) */

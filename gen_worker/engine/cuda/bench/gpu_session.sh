@@ -81,6 +81,13 @@
 #                and early loads off (ANVIL_CUDA_ATTN_PF_LPT / _ASYNC / _EARLY=0) and with
 #                ANVIL_CUDA_ATTN_PREFILL_MMA=0 (the FMA kernel): prefill_tok_s, the A/B in one
 #                session
+#   bench_part   the GRPO workload with the decode partials in fp32 (the default), fp16
+#                (ANVIL_CUDA_ATTN_PART=f16) and bf16: f32, f16, f32, f16, bf16; tok/s,
+#                prefill_s and the tokens' hash
+#   model_part   test_cuda_model with ANVIL_CUDA_ATTN_PART=f16 and =bf16: the whole model's
+#                |dlogprob| against the CPU with each kind (the default's is model_test's)
+#   kernels_part ncu: a GRPO step's decode attention and combine (16 prompts x 8 samples at a
+#                1k prompt, 4 layers) with fp16 and fp32 partials: time, DRAM and L2 bytes
 #   kernels_prefill ncu's detail sections (speed of light, compute, memory, occupancy, warp
 #                states, scheduler) for two launches of the prefill attention (two 1k prompts)
 #   memcheck_grp memcheck on test_cuda_ops --only groups: the group tiles (decode splits held
@@ -341,6 +348,7 @@ b64 -
 b64 ANVIL_CUDA_TWIN=0
 b64 ANVIL_CUDA_NORM_VEC=0
 b64 ANVIL_CUDA_GU_LOW=0
+b64 ANVIL_CUDA_ATTN_PART=f16
 b64 -
 b256 -
 b256 ANVIL_CUDA_TWIN=0
@@ -351,16 +359,20 @@ b256 ANVIL_CUDA_GU_LOW=0
 b256 ANVIL_CUDA_SAMPLE_LIST=0
 b256 ANVIL_CUDA_ATTN_KV_INNER=1
 b256 ANVIL_CUDA_ATTN_VLATE=0
+b256 ANVIL_CUDA_ATTN_PART=f16
+b256 ANVIL_CUDA_ATTN_PART=bf16
 b256 -
 ctx16 -
 ctx16 ANVIL_CUDA_TWIN=0
 ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx16 ANVIL_CUDA_ATTN_VLATE=0
+ctx16 ANVIL_CUDA_ATTN_PART=f16
 ctx16 -
 ctx8 -
 ctx8 ANVIL_CUDA_NORM_VEC=0
 ctx8 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx8 ANVIL_CUDA_ATTN_VLATE=0
+ctx8 ANVIL_CUDA_ATTN_PART=f16
 ctx8 -"
 AB_RUNS=${ANVIL_AB_RUNS:-$AB_RUNS}
 step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B4="$AB_B4" AB_B16="$AB_B16" \
@@ -484,7 +496,25 @@ step bench_prefill 180 bash -c 'b=$0; o="ANVIL_CUDA_ATTN_PF_LPT=0 ANVIL_CUDA_ATT
         echo "== ${v/X=1/default}"
         env $v "$b" "$@" --ctx-batch 0 --grpo-prompts 0 || exit 1
     done' "$BENCH" "${PF_ARGS[@]}"
+step bench_part 300 bash -c 'b=$0; for v in f32 f16 f32 f16 bf16; do
+        echo "== ANVIL_CUDA_ATTN_PART=$v"
+        ANVIL_CUDA_ATTN_PART=$v "$b" "$@" --batches none --ctx-batch 0 || exit 1
+    done' "$BENCH" "${GR_ARGS[@]}"
+step model_part 120 bash -c 'for v in f16 bf16; do
+        echo "== ANVIL_CUDA_ATTN_PART=$v"
+        ANVIL_CUDA_ATTN_PART=$v "$0" || exit $?
+    done' "$T_MODEL"
 if [ $DRY = 0 ] && command -v ncu > /dev/null; then
+    # as kernels_group, with the combine: 12 launches (4 layers) some 20 decode steps in
+    step kernels_part 200 bash -c 'for v in f32 f16; do
+            echo "== ANVIL_CUDA_ATTN_PART=$v"
+            ANVIL_CUDA_ATTN_PART=$v ncu --csv --clock-control none \
+                --kernel-name regex:"s_attn_decode|s_attn_group|s_attn_combine" \
+                --launch-skip 2000 --launch-count 12 --metrics \
+                gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum \
+                "$0" --batches none --ctx-batch 0 --grpo-prompts 16 --grpo-samples 8 \
+                --grpo-prompt 1024 --grpo-min-new 48 --grpo-max-new 64 || exit 1
+        done' "$BENCH"
     step kernels 240 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 1
     step kernels_b256 120 "$PY" "$BENCHDIR/ncu_step.py" --bench "$BENCH" --out "$OUT" --batch 256 \
         --ctx-len 2048
