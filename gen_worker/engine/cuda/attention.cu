@@ -398,7 +398,8 @@ template <typename T> static __device__ __forceinline__ void s_ld8(const T *p, f
    normalised output, in 16 bits (part_o as halves: a decode partial's row lies in the first
    half of its fp32 row's bytes, and the decode partials come first, so the prefill partials
    after them keep their fp32 rows). fp16 saturates at +-65504 (|o / sum| is at most the
-   split's largest |v|). __fdiv_rn: the same bits in every kernel that writes a partial. */
+   split's largest |v|); a NaN stays NaN. __fdiv_rn: the same bits in every kernel that
+   writes a partial. */
 static __device__ __forceinline__ void
 s_part_put(float *part_o, size_t at, float o, float sum, int pk)
 {
@@ -410,7 +411,8 @@ s_part_put(float *part_o, size_t at, float o, float sum, int pk)
     if (pk == ECU_PART_BF16)
         ((__nv_bfloat16 *)part_o)[at] = __float2bfloat16_rn(v);
     else
-        ((__half *)part_o)[at] = __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
+        ((__half *)part_o)[at] =
+            __float2half_rn(fabsf(v) > 65504.0f ? copysignf(65504.0f, v) : v); /* NaN stays */
 }
 
 template <int HD, int RPW, typename T>
