@@ -315,9 +315,9 @@ static const char *s_attn_tag = ""; /* names the decode kernel under test */
 
 /* The attention's tolerance against the CPU (relative RMS) for backend be: fp32 partials keep
    fp32 arithmetic (2e-5); 16-bit decode partials (eng_cuda_attn_part) add one rounding of
-   each split's o / sum, which a host simulation of these tests' batches (their V in [-1, 1])
-   puts at 1.0e-4 to 2.1e-4 (fp16) and 8e-4 to 1.7e-3 (bf16). test_attention_parts holds
-   each kind to the fp32 one element by element. */
+   each split's o / sum, which a host simulation of these tests' batches (their V in [-1, 1];
+   attn_part_sim.py) puts at 1.0e-4 to 2.1e-4 (fp16) and 8e-4 to 1.7e-3 (bf16).
+   test_attention_parts holds each kind to the fp32 one element by element. */
 static double s_attn_tol(eng_backend_t *be)
 {
     const char *k = eng_cuda_attn_part(be);
