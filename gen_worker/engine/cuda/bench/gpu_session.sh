@@ -604,6 +604,13 @@ fi
     echo "== a GRPO step's decode attention, with the group tiles and without (ncu, a layer a line)"
     grep -E "^==|s_attn_(decode|group)" "$OUT/kernels_group.log" 2>/dev/null |
         awk -F'","' '/^==/ {print; next} {n=$5; sub(/<.*/, "", n); print $1" "n" "$(NF-2)" "$NF}'
+    echo "== GRPO with the decode partials in fp32 (the default), fp16, fp32, fp16, bf16"
+    grep -E "^(==|grpo )" "$OUT/bench_part.log" 2>/dev/null
+    echo "== the whole model against the CPU with fp16 and bf16 decode partials"
+    grep -E "^(==|ok|FAIL)|checks" "$OUT/model_part.log" 2>/dev/null
+    echo "== a GRPO step's decode attention and combine, fp32 / fp16 partials (ncu)"
+    grep -E "^==|s_attn_(decode|group|combine)" "$OUT/kernels_part.log" 2>/dev/null |
+        awk -F'","' '/^==/ {print; next} {n=$5; sub(/<.*/, "", n); print $1" "n" "$(NF-2)" "$NF}'
     echo "== the group kernel's stalls by region and instruction (ncu source page, ncu_sass.py)"
     grep -E "^(samples|stalls|region|hot) " "$OUT/sass_group.log" 2>/dev/null
     echo "== the tensor-core prefill attention in detail (ncu sections)"
