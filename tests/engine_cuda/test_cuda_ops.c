@@ -676,26 +676,27 @@ static void test_attention_groups(eng_dtype_t kv, int hd, int nh, int nkv)
         const int n_gt = eng_cuda_attn_group_tiles(be);
         if (i == 2)
             be->prepare(be, NULL);
+        const char *pk = eng_cuda_attn_part(be);
         snprintf(name, sizeof(name),
-                 "attention groups%s hd=%d heads=%d/%d kv=%s: rc 0, %d group tiles",
+                 "attention groups%s hd=%d heads=%d/%d kv=%s, %s partials: rc 0, %d group tiles",
                  i == 0   ? " off"
                  : i == 1 ? ""
                           : " (prepare)",
-                 hd, nh, nkv, eng_dtype_name(kv), i == 0 ? 0 : 13);
+                 hd, nh, nkv, eng_dtype_name(kv), pk ? pk : "?", i == 0 ? 0 : 13);
         ecu_t_check(rc == 0 && n_gt == (i == 0 ? 0 : 13), name);
         if (n_gt != (i == 0 ? 0 : 13))
             fprintf(stderr, "  %d group tiles\n", n_gt);
-        snprintf(name, sizeof(name), "attention groups%s hd=%d heads=%d/%d kv=%s",
+        snprintf(name, sizeof(name), "attention groups%s hd=%d heads=%d/%d kv=%s, %s partials",
                  i == 0   ? " off"
                  : i == 1 ? ""
                           : " (prepare)",
-                 hd, nh, nkv, eng_dtype_name(kv));
+                 hd, nh, nkv, eng_dtype_name(kv), pk ? pk : "?");
         ecu_t_close(name, got[i], ref, qn, s_attn_tol(be));
         if (i > 0) {
-            snprintf(
-                name, sizeof(name),
-                "attention groups%s hd=%d heads=%d/%d kv=%s: the bits of each sequence's own tiles",
-                i == 1 ? "" : " (prepare)", hd, nh, nkv, eng_dtype_name(kv));
+            snprintf(name, sizeof(name),
+                     "attention groups%s hd=%d heads=%d/%d kv=%s, %s partials: the bits of each "
+                     "sequence's own tiles",
+                     i == 1 ? "" : " (prepare)", hd, nh, nkv, eng_dtype_name(kv), pk ? pk : "?");
             ecu_t_check(memcmp(got[i], got[0], qn * 4) == 0, name);
         }
         be->free(be, gk), be->free(be, gv), be->free(be, gq), be->free(be, go);
@@ -1637,6 +1638,14 @@ int main(int argc, char **argv)
     test_attention_groups(ENG_DTYPE_BF16, 64, 16, 2);
     test_attention_groups(ENG_DTYPE_BF16, 64, 28,
                           4); /* 7 a KV head: FMA, the plan's groups unread */
+    /* the group tiles with fp16 and bf16 decode partials (ANVIL_CUDA_ATTN_PART, both backends
+       of each test): a sequence still gets its own tiles' bits */
+    setenv("ANVIL_CUDA_ATTN_PART", "f16", 1);
+    test_attention_groups(ENG_DTYPE_BF16, 128, 32, 8);
+    test_attention_groups(ENG_DTYPE_F8E4M3, 64, 16, 4);
+    setenv("ANVIL_CUDA_ATTN_PART", "bf16", 1);
+    test_attention_groups(ENG_DTYPE_BF16, 64, 16, 2);
+    unsetenv("ANVIL_CUDA_ATTN_PART");
     /* the FMA decode and prefill kernels (ANVIL_CUDA_ATTN_MMA=0; the backends above run the
        tensor-core ones where they apply): bf16 and fp8 KV, 4 and 8 query heads a KV head,
        head_dim 128 and 64, and 7 a KV head (the FMA decode either way) */
