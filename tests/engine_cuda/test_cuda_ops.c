@@ -312,6 +312,7 @@ static void s_kv_fill(eng_dtype_t dt, size_t n, void **hk, void **hv, float **ck
 }
 
 static const char *s_attn_tag = ""; /* names the decode kernel under test */
+static float *s_attn_keep;          /* set: s_attn_batch with `what` leaves its GPU result there */
 
 /* The attention's tolerance against the CPU (relative RMS) for backend be: fp32 partials keep
    fp32 arithmetic (2e-5); 16-bit decode partials (eng_cuda_attn_part) add one rounding of
@@ -323,7 +324,6 @@ static double s_attn_tol(eng_backend_t *be)
     const char *k = eng_cuda_attn_part(be);
     return !k || strcmp(k, "f32") == 0 ? 2e-5 : strcmp(k, "f16") == 0 ? 1e-3 : 6e-3;
 }
-static float *s_attn_keep;          /* set: s_attn_batch with `what` leaves its GPU result there */
 
 /* attention over the batch (nq[s] query tokens of sequence s, ctx[s] its context) against the
    CPU; without `what` (test_attention's batch, NS = 4) also through prepare() and the

@@ -2269,8 +2269,7 @@ extern "C" const char *eng_cuda_attn_part(eng_backend_t *be)
 {
     if (!be || !be->name || strcmp(be->name, "cuda") != 0)
         return NULL;
-    const int pk = ecu_st(be)->attn_part;
-    return pk == ECU_PART_F16 ? "f16" : pk == ECU_PART_BF16 ? "bf16" : "f32";
+    return ecu_part_name(ecu_st(be)->attn_part);
 }
 
 extern "C" int ecu_attention(eng_backend_t *be, float *out, const float *q, const void *k_cache,

@@ -604,13 +604,12 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            half the bytes the tiles write and the combine reads (attention.cu; not yet
            measured on a GPU); unnormalised fp32 by default (=f32). fp32 KV keeps fp32. */
         const char *ap = getenv("ANVIL_CUDA_ATTN_PART");
-        st->attn_part = ECU_PART_F32;
-        if (ap && strcmp(ap, "f16") == 0)
-            st->attn_part = ECU_PART_F16;
-        else if (ap && strcmp(ap, "bf16") == 0)
-            st->attn_part = ECU_PART_BF16;
-        else if (ap && strcmp(ap, "f32") != 0)
-            ANV_WARN("cuda backend: ANVIL_CUDA_ATTN_PART=%s ignored (f16, bf16, f32)", ap);
+        int pk = 0;
+        while (ap && pk < ECU_PART_KINDS && strcmp(ap, ecu_part_name(pk)) != 0)
+            pk++;
+        if (pk == ECU_PART_KINDS)
+            ANV_WARN("cuda backend: ANVIL_CUDA_ATTN_PART=%s ignored (f32, f16, bf16)", ap);
+        st->attn_part = pk == ECU_PART_KINDS ? ECU_PART_F32 : pk;
         if (kv_dtype == ENG_DTYPE_F32)
             st->attn_part = ECU_PART_F32;
         /* the ops that write a cuBLASLt product's input (SwiGLU in a composed gate|up linear,
@@ -699,9 +698,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         st->attn_mma && st->attn_vlate ? ", V after q.k" : "",
         st->attn_kv_inner ? ", KV heads inner" : "",
         st->attn_mma && st->attn_group ? ", shared splits as group tiles" : "",
-        st->attn_part == ECU_PART_F16    ? "fp16"
-        : st->attn_part == ECU_PART_BF16 ? "bf16"
-                                         : "fp32",
+        ecu_part_name(st->attn_part),
         st->attn_pf_mma ? ", prefill attention mma (bf16/fp8 KV)" : ", prefill fma",
         st->attn_pf_lpt ? ", longest tiles first" : "",
         st->attn_pf_mma && st->attn_pf_async ? ", cp.async stages" : "",

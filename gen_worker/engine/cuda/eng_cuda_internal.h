@@ -125,7 +125,14 @@ typedef struct {
 /* How the attention's decode tiles store their partials' o (st->attn_part, attention.cu):
    fp32 and unnormalised, or o / sum in fp16 (saturated at +-65504) or bf16. Prefill
    partials stay fp32. */
-enum { ECU_PART_F32 = 0, ECU_PART_F16 = 1, ECU_PART_BF16 = 2 };
+enum { ECU_PART_F32 = 0, ECU_PART_F16 = 1, ECU_PART_BF16 = 2, ECU_PART_KINDS };
+
+/* A partials' kind by name ("f32", "f16", "bf16": ANVIL_CUDA_ATTN_PART's values) */
+static inline const char *ecu_part_name(int pk)
+{
+    static const char *const name[ECU_PART_KINDS] = {"f32", "f16", "bf16"};
+    return pk >= 0 && pk < ECU_PART_KINDS ? name[pk] : "?";
+}
 
 #define ECU_LT_CACHE 64
 #define ECU_STAGE_BUFS 3

@@ -557,6 +557,13 @@ else
     log "kernels: needs ncu and the GPU, not run"
 fi
 
+# ncu_rows REGEX LOG: a `ncu --csv` log's rows of the kernels matching REGEX, one metric a line
+# (launch, kernel, metric, value), and its "== " headers
+ncu_rows() {
+    grep -E "^==|$1" "$2" 2>/dev/null |
+        awk -F'","' '/^==/ {print; next} {n=$5; sub(/<.*/, "", n); print $1" "n" "$(NF-2)" "$NF}'
+}
+
 # figures: the bench's lines and the peer's next to each other
 {
     echo "== bench"
@@ -602,15 +609,13 @@ fi
     echo "== GRPO with the group tiles, without, with (ANVIL_CUDA_ATTN_GROUP=1 / 0 / 1)"
     grep -E "^(==|grpo )" "$OUT/bench_group.log" 2>/dev/null
     echo "== a GRPO step's decode attention, with the group tiles and without (ncu, a layer a line)"
-    grep -E "^==|s_attn_(decode|group)" "$OUT/kernels_group.log" 2>/dev/null |
-        awk -F'","' '/^==/ {print; next} {n=$5; sub(/<.*/, "", n); print $1" "n" "$(NF-2)" "$NF}'
+    ncu_rows "s_attn_(decode|group)" "$OUT/kernels_group.log"
     echo "== GRPO with the decode partials in fp32 (the default), fp16, fp32, fp16, bf16"
     grep -E "^(==|grpo )" "$OUT/bench_part.log" 2>/dev/null
     echo "== the whole model against the CPU with fp16 and bf16 decode partials"
     grep -E "^(==|ok|FAIL)|checks" "$OUT/model_part.log" 2>/dev/null
     echo "== a GRPO step's decode attention and combine, fp32 / fp16 partials (ncu)"
-    grep -E "^==|s_attn_(decode|group|combine)" "$OUT/kernels_part.log" 2>/dev/null |
-        awk -F'","' '/^==/ {print; next} {n=$5; sub(/<.*/, "", n); print $1" "n" "$(NF-2)" "$NF}'
+    ncu_rows "s_attn_(decode|group|combine)" "$OUT/kernels_part.log"
     echo "== the group kernel's stalls by region and instruction (ncu source page, ncu_sass.py)"
     grep -E "^(samples|stalls|region|hot) " "$OUT/sass_group.log" 2>/dev/null
     echo "== the tensor-core prefill attention in detail (ncu sections)"
