@@ -6,9 +6,9 @@
 #
 # The device tool carries at most 64 MiB, and the CUDA test binaries alone are ~60 MB (11.6 MB
 # each, sm_90 code and compute_90 PTX); xz makes the whole kit ~20 MB. The kit holds:
-# build-gpu/ (deploy/bundle.sh --gpu-tests, without anvil-generate and eng_cuda_hfcheck: add
-# them back for load_8b / vs_hf), anvil/ (deploy/bundle.sh with only the exec worker, its
-# launcher and bwrap), build/exec_worker/anvil-exec-worker (a wrapper, as gpu_bench.sh expects
+# build-gpu/ (deploy/bundle.sh --gpu-tests, without anvil-generate and eng_cuda_hfcheck unless
+# KIT_KEEP names them: load_8b / vs_hf need them), anvil/ (deploy/bundle.sh with only the exec
+# worker, its launcher and bwrap), build/exec_worker/anvil-exec-worker (a wrapper, as gpu_bench.sh expects
 # of a build dir), datasets/ (the two KernelBench tasks gpu_bench.sh scores) and bench_compare.
 #
 # `run` unpacks the kit to /tmp/kit and runs, each under its own timeout: the exec worker's
@@ -38,7 +38,9 @@ if [ "$mode" = make ]; then
     done
     kit=$(mktemp -d)/kit
     "$repo/deploy/bundle.sh" --build-dir "$build" --gpu-tests "$kit/build-gpu" || exit 1
-    rm -f "$kit/build-gpu/anvil-generate" "$kit/build-gpu/eng_cuda_hfcheck"
+    for n in anvil-generate eng_cuda_hfcheck; do # KIT_KEEP="eng_cuda_hfcheck ..." keeps them
+        [[ " ${KIT_KEEP:-} " == *" $n "* ]] || rm -f "$kit/build-gpu/$n"
+    done
     "$repo/deploy/bundle.sh" --build-dir "$build" --dir "$kit/anvil" --out "$kit.bundle.tgz" ||
         exit 1
     rm -f "$kit.bundle.tgz"

@@ -1319,13 +1319,19 @@ static void test_elementwise(void)
     test_swiglu(1000);
     test_swiglu(1002);
 
-    /* gather_rows, also in place */
+    /* gather_rows, also in place; first an allocation past the device's memory, which must
+       fail alone: its error is not sticky, and the next op's launch check must not see it */
+    void *huge = gpu->alloc(gpu, (size_t)1 << 50);
+    ecu_t_check(huge == NULL, "an allocation of 1 PiB returns NULL");
+    if (huge)
+        gpu->free(gpu, huge);
     float *x = s_rand((size_t)n * dim, 1.0f), *gx = ecu_t_put(gpu, x, (size_t)n * dim * 4);
     int32_t rows[3] = {4, 1, 4};
     float *gr = gpu->alloc(gpu, 3 * (size_t)dim * 4), *rr = malloc(3 * (size_t)dim * 4);
     float *gt = malloc(3 * (size_t)dim * 4);
     cpu->gather_rows(cpu, rr, x, rows, 3, dim);
-    gpu->gather_rows(gpu, gr, gx, rows, 3, dim);
+    ecu_t_check(gpu->gather_rows(gpu, gr, gx, rows, 3, dim) == 0,
+                "gather_rows after a failed allocation returns 0");
     ecu_t_get(gpu, gt, gr, 3 * (size_t)dim * 4);
     ecu_t_close("gather_rows", gt, rr, 3 * (size_t)dim, 0.0);
     gpu->gather_rows(gpu, gx, gx, rows, 3, dim);
@@ -1638,9 +1644,9 @@ int main(int argc, char **argv)
     test_attention_groups(ENG_DTYPE_BF16, 64, 16, 2);
     test_attention_groups(ENG_DTYPE_BF16, 64, 28,
                           4); /* 7 a KV head: FMA, the plan's groups unread */
-    /* the group tiles with fp16 and bf16 decode partials (ANVIL_CUDA_ATTN_PART, both backends
-       of each test): a sequence still gets its own tiles' bits */
-    setenv("ANVIL_CUDA_ATTN_PART", "f16", 1);
+    /* the group tiles with fp32 and bf16 decode partials (ANVIL_CUDA_ATTN_PART, both backends
+       of each test; fp16 is the default): a sequence still gets its own tiles' bits */
+    setenv("ANVIL_CUDA_ATTN_PART", "f32", 1);
     test_attention_groups(ENG_DTYPE_BF16, 128, 32, 8);
     test_attention_groups(ENG_DTYPE_F8E4M3, 64, 16, 4);
     setenv("ANVIL_CUDA_ATTN_PART", "bf16", 1);

@@ -13,10 +13,10 @@
     32 positions widened into shared memory and reused by all rows of the tile (tokens x
     heads), one online softmax per row and warp. Every tile writes a partial (o, max, sum); a
     second kernel merges each token's partials in split order and normalises, so the sum
-    order is fixed too. A tile's o is unnormalised fp32, unless ANVIL_CUDA_ATTN_PART=f16 or
-    =bf16 (st->attn_part; not yet measured on a GPU) has the decode tiles store o / sum in 16
-    bits: half the bytes they write and the combine reads, at one rounding of at most 2^-11
-    (fp16) or 2^-8 (bf16) of the split's largest |v| an element (s_part_put). A graph step asks
+    order is fixed too. A prefill tile's o is unnormalised fp32; a decode tile's (bf16 or fp8
+    KV) is o / sum in fp16 (st->attn_part; ANVIL_CUDA_ATTN_PART=f32 keeps fp32, =bf16 bf16):
+    half the bytes they write and the combine reads, at one rounding of at most 2^-11 (fp16)
+    or 2^-8 (bf16) of the split's largest |v| an element (s_part_put). A graph step asks
     for a fixed-size layout instead: every sequence gets the same number of split tiles (those
     past its context are empty and return at once), so grid sizes and buffer sizes depend only
     on the batch and context buckets; the tiles that do run compute exactly what the ordinary
@@ -398,16 +398,22 @@ template <typename T> static __device__ __forceinline__ void s_ld8(const T *p, f
    normalised output, in 16 bits (part_o as halves: a decode partial's row lies in the first
    half of its fp32 row's bytes, and the decode partials come first, so the prefill partials
    after them keep their fp32 rows). fp16 saturates at +-65504 (|o / sum| is at most the
-   split's largest |v|); a NaN stays NaN. __fdiv_rn: the same bits in every kernel that
-   writes a partial. */
+   split's largest |v|); a NaN stays NaN. inv is s_part_inv(sum, pk), taken once a row: o
+   times the correctly rounded 1 / sum (an IEEE division an element made the writers 3 to 7 %
+   slower, ncu on the H100), the same bits in every kernel that writes a partial. */
+static __device__ __forceinline__ float s_part_inv(float sum, int pk)
+{
+    return pk != ECU_PART_F32 && sum > 0.0f ? __frcp_rn(sum) : 0.0f;
+}
+
 static __device__ __forceinline__ void
-s_part_put(float *part_o, size_t at, float o, float sum, int pk)
+s_part_put(float *part_o, size_t at, float o, float inv, int pk)
 {
     if (pk == ECU_PART_F32) {
         part_o[at] = o;
         return;
     }
-    const float v = sum > 0.0f ? __fdiv_rn(o, sum) : 0.0f;
+    const float v = o * inv;
     if (pk == ECU_PART_BF16)
         ((__nv_bfloat16 *)part_o)[at] = __float2bfloat16_rn(v);
     else
@@ -532,10 +538,11 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32)
                 continue;
             int t = tok0 + r / G, h = kvh * G + r % G;
             size_t pi = (size_t)(tok_part[t] + (decode ? split : 0)) * n_head + h;
+            const int pki = decode ? pk : ECU_PART_F32;
+            const float inv = s_part_inv(l[i], pki);
 #pragma unroll
             for (int d = 0; d < PER; d++)
-                s_part_put(part_o, pi * HD + lane + 32 * d, o[i][d], l[i],
-                           decode ? pk : ECU_PART_F32);
+                s_part_put(part_o, pi * HD + lane + 32 * d, o[i][d], inv, pki);
             if (lane == 0)
                 part_ml[pi] = make_float2(m[i], l[i]);
         }
@@ -641,7 +648,7 @@ static __device__ __forceinline__ void s_warps_merge(const float (&wm)[ECU_ATTN_
         acc += o_of(w) * f;
         sum += wl[w][g] * f;
     }
-    s_part_put(part_o, pi * hd + d, acc, sum, pk);
+    s_part_put(part_o, pi * hd + d, acc, s_part_inv(sum, pk), pk);
     if (d == 0)
         part_ml[pi] = make_float2(mx, sum);
 }
@@ -1224,7 +1231,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
     const int qg = threadIdx.x % G;
     float f[ECU_ATTN_WARPS];
     bool ok[ECU_ATTN_WARPS];
-    const float sum = fs[qg];
+    const float inv = s_part_inv(fs[qg], pk);
 #pragma unroll
     for (int w = 0; w < ECU_ATTN_WARPS; w++)
         f[w] = fw[qg][w], ok[w] = wm[w][qg] != -INFINITY;
@@ -1236,7 +1243,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, VL ? 4 : 1)
         for (int w = 0; w < ECU_ATTN_WARPS; w++)
             if (ok[w])
                 acc += (G <= 4 ? wo[w][at2] + wo[w][at2 + 4] : wo[w][at2]) * f[w];
-        s_part_put(part_o, (pi0 + qg) * HD + d, acc, sum, pk);
+        s_part_put(part_o, (pi0 + qg) * HD + d, acc, inv, pk);
     }
 }
 
@@ -1565,7 +1572,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                 continue;
             float f[ECU_ATTN_WARPS];
             bool ok[ECU_ATTN_WARPS];
-            const float sum = rsum[j][qg];
+            const float inv = s_part_inv(rsum[j][qg], pk);
 #pragma unroll
             for (int w = 0; w < ECU_ATTN_WARPS; w++)
                 f[w] = fw[j][qg][w], ok[w] = wm[j][w][qg] != -INFINITY;
@@ -1578,7 +1585,7 @@ static __global__ void __launch_bounds__(ECU_ATTN_WARPS * 32, 3)
                 for (int w = 0; w < ECU_ATTN_WARPS; w++)
                     if (ok[w])
                         acc += wo[w][at2] * f[w];
-                s_part_put(part_o, (size_t)pi * HD + d, acc, sum, pk);
+                s_part_put(part_o, (size_t)pi * HD + d, acc, inv, pk);
             }
         }
         gt = gtn;

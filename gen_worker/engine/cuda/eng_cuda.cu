@@ -114,6 +114,7 @@ static void *s_alloc(eng_backend_t *be, size_t bytes)
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         ANV_ERROR("cuda: cannot allocate %zu bytes: %s", bytes, cudaGetErrorString(e));
+        (void)cudaGetLastError(); /* not sticky: the next launch's check must not see it */
         return NULL;
     }
     e = cudaMemsetAsync(p, 0, bytes, st->stream);
@@ -180,6 +181,7 @@ static void *s_weight(eng_backend_t *be, const void *host, size_t bytes)
     if (e != cudaSuccess) {
         ANV_ERROR("cuda: cannot allocate %zu bytes for a weight: %s", bytes,
                   cudaGetErrorString(e));
+        (void)cudaGetLastError(); /* as in s_alloc */
         return NULL;
     }
     if (s_stage_setup(st) || eng_stage_copy(&st->stage, p, host, bytes)) {
@@ -367,6 +369,7 @@ extern "C" int eng_cuda_copy_bandwidth(eng_backend_t *be, size_t bytes, int iter
     if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
         cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
         ANV_ERROR("cuda: cannot set up a copy of %zu bytes", bytes);
+        (void)cudaGetLastError(); /* as in s_alloc */
         goto out;
     }
     cudaMemsetAsync(a, 1, bytes, st->stream);
@@ -600,16 +603,17 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            shared prompt) read once for all of them: the group tiles of attention.cu;
            ANVIL_CUDA_ATTN_GROUP=0 gives every sequence its own (A/B; the same bits) */
         st->attn_group = s_env_on("ANVIL_CUDA_ATTN_GROUP");
-        /* ANVIL_CUDA_ATTN_PART=f16 or =bf16: the decode tiles' partials as o / sum in 16 bits,
-           half the bytes the tiles write and the combine reads (attention.cu; not yet
-           measured on a GPU); unnormalised fp32 by default (=f32). fp32 KV keeps fp32. */
+        /* the decode tiles' partials as o / sum in fp16 (the default), half the bytes the
+           tiles write and the combine reads (attention.cu; GRPO, batch 256 and batch 256 at
+           2k x1.008 to x1.013 on an H100); ANVIL_CUDA_ATTN_PART=f32 keeps the unnormalised
+           o in fp32 (A/B), =bf16 o / sum in bf16. fp32 KV keeps fp32. */
         const char *ap = getenv("ANVIL_CUDA_ATTN_PART");
         int pk = 0;
         while (ap && pk < ECU_PART_KINDS && strcmp(ap, ecu_part_name(pk)) != 0)
             pk++;
-        if (pk == ECU_PART_KINDS)
+        if (ap && pk == ECU_PART_KINDS)
             ANV_WARN("cuda backend: ANVIL_CUDA_ATTN_PART=%s ignored (f32, f16, bf16)", ap);
-        st->attn_part = pk == ECU_PART_KINDS ? ECU_PART_F32 : pk;
+        st->attn_part = !ap || pk == ECU_PART_KINDS ? ECU_PART_F16 : pk;
         if (kv_dtype == ENG_DTYPE_F32)
             st->attn_part = ECU_PART_F32;
         /* the ops that write a cuBLASLt product's input (SwiGLU in a composed gate|up linear,

@@ -79,7 +79,8 @@ const char *eng_cuda_decode_attention(eng_backend_t *be, int n_head, int n_kv_he
 int eng_cuda_attn_group_tiles(eng_backend_t *be);
 
 /* How CUDA backend be stores its decode tiles' attention partials (ANVIL_CUDA_ATTN_PART):
-   "f32" (unnormalised, the default and the only kind with fp32 KV), "f16" or "bf16" (o / sum);
+   "f16" (o / sum, the default with bf16 or fp8 KV), "bf16" (o / sum) or "f32" (unnormalised,
+   the only kind with fp32 KV);
    NULL when be is not a CUDA backend. For tests and reports. */
 const char *eng_cuda_attn_part(eng_backend_t *be);
 

@@ -40,6 +40,7 @@ extern "C" {
         if (ecu_e_ != cudaSuccess) {                                                               \
             ANV_ERROR("cuda: '%s' failed at %s:%d: %s", #stmt, __FILE__, __LINE__,                 \
                       cudaGetErrorString(ecu_e_));                                                 \
+            (void)cudaGetLastError(); /* reported: a non-sticky error (out of memory) is reset */  \
             return ANV_EINTERNAL;                                                                  \
         }                                                                                          \
     } while (0)

@@ -197,6 +197,7 @@ eng_bm_t *eng_bm_new(eng_backend_t *be, const eng_bm_config_t *cfg, int n_blocks
 fail:
     ANV_ERROR("bench model: cannot build (%s)", anv_strerror(rc ? rc : ANV_EINTERNAL));
     eng_bm_destroy(&m);
+    errno = rc == -ENOMEM ? ENOMEM : EIO; /* the caller tells "does not fit" from a failure */
     return NULL;
 }
 

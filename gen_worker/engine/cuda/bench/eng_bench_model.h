@@ -36,8 +36,10 @@ int eng_bm_fill_host(eng_backend_t *be, void *dst, eng_dtype_t dtype, size_t n, 
                      float center, float scale);
 
 /* Builds the model on `be` (borrowed; must outlive the model) with KV pools of n_blocks
-   blocks per layer (block ids 0 .. n_blocks - 1; one more, the pad block, is private) and activations for up to max_tok tokens and max_rows logits rows.
-   fill == NULL leaves the weights zeroed (to be loaded with eng_bm_load). NULL on failure. */
+   blocks per layer (block ids 0 .. n_blocks - 1; one more, the pad block, is private) and
+   activations for up to max_tok tokens and max_rows logits rows. fill == NULL leaves the weights
+   zeroed (to be loaded with eng_bm_load). NULL on failure, with errno ENOMEM where the device
+   memory ran out (the model does not fit), else EIO. */
 eng_bm_t *eng_bm_new(eng_backend_t *be, const eng_bm_config_t *cfg, int n_blocks, int max_tok,
                      int max_rows, eng_bm_fill_fn fill, uint64_t seed, int fused);
 void eng_bm_destroy(eng_bm_t **self_p);

@@ -81,10 +81,10 @@
 #                and early loads off (ANVIL_CUDA_ATTN_PF_LPT / _ASYNC / _EARLY=0) and with
 #                ANVIL_CUDA_ATTN_PREFILL_MMA=0 (the FMA kernel): prefill_tok_s, the A/B in one
 #                session
-#   bench_part   the GRPO workload with the decode partials in fp32 (the default), fp16
-#                (ANVIL_CUDA_ATTN_PART=f16) and bf16: f32, f16, f32, f16, bf16; tok/s,
+#   bench_part   the GRPO workload with the decode partials in fp32 (ANVIL_CUDA_ATTN_PART=f32),
+#                fp16 (the default) and bf16: f32, f16, f32, f16, bf16; tok/s,
 #                prefill_s and the tokens' hash
-#   model_part   test_cuda_model with ANVIL_CUDA_ATTN_PART=f16 and =bf16: the whole model's
+#   model_part   test_cuda_model with ANVIL_CUDA_ATTN_PART=f32 and =bf16: the whole model's
 #                |dlogprob| against the CPU with each kind (the default's is model_test's)
 #   kernels_part ncu: a GRPO step's decode attention and combine (16 prompts x 8 samples at a
 #                1k prompt, 4 layers) with fp16 and fp32 partials: time, DRAM and L2 bytes
@@ -348,7 +348,7 @@ b64 -
 b64 ANVIL_CUDA_TWIN=0
 b64 ANVIL_CUDA_NORM_VEC=0
 b64 ANVIL_CUDA_GU_LOW=0
-b64 ANVIL_CUDA_ATTN_PART=f16
+b64 ANVIL_CUDA_ATTN_PART=f32
 b64 -
 b256 -
 b256 ANVIL_CUDA_TWIN=0
@@ -359,20 +359,20 @@ b256 ANVIL_CUDA_GU_LOW=0
 b256 ANVIL_CUDA_SAMPLE_LIST=0
 b256 ANVIL_CUDA_ATTN_KV_INNER=1
 b256 ANVIL_CUDA_ATTN_VLATE=0
-b256 ANVIL_CUDA_ATTN_PART=f16
+b256 ANVIL_CUDA_ATTN_PART=f32
 b256 ANVIL_CUDA_ATTN_PART=bf16
 b256 -
 ctx16 -
 ctx16 ANVIL_CUDA_TWIN=0
 ctx16 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx16 ANVIL_CUDA_ATTN_VLATE=0
-ctx16 ANVIL_CUDA_ATTN_PART=f16
+ctx16 ANVIL_CUDA_ATTN_PART=f32
 ctx16 -
 ctx8 -
 ctx8 ANVIL_CUDA_NORM_VEC=0
 ctx8 ANVIL_CUDA_ATTN_KV_INNER=1
 ctx8 ANVIL_CUDA_ATTN_VLATE=0
-ctx8 ANVIL_CUDA_ATTN_PART=f16
+ctx8 ANVIL_CUDA_ATTN_PART=f32
 ctx8 -"
 AB_RUNS=${ANVIL_AB_RUNS:-$AB_RUNS}
 step bench_ab 480 env AB_RUNS="$AB_RUNS" AB_B1="$AB_B1" AB_B4="$AB_B4" AB_B16="$AB_B16" \
@@ -500,7 +500,7 @@ step bench_part 300 bash -c 'b=$0; for v in f32 f16 f32 f16 bf16; do
         echo "== ANVIL_CUDA_ATTN_PART=$v"
         ANVIL_CUDA_ATTN_PART=$v "$b" "$@" --batches none --ctx-batch 0 || exit 1
     done' "$BENCH" "${GR_ARGS[@]}"
-step model_part 120 bash -c 'for v in f16 bf16; do
+step model_part 120 bash -c 'for v in f32 bf16; do
         echo "== ANVIL_CUDA_ATTN_PART=$v"
         ANVIL_CUDA_ATTN_PART=$v "$0" || exit $?
     done' "$T_MODEL"
@@ -612,7 +612,7 @@ ncu_rows() {
     ncu_rows "s_attn_(decode|group)" "$OUT/kernels_group.log"
     echo "== GRPO with the decode partials in fp32 (the default), fp16, fp32, fp16, bf16"
     grep -E "^(==|grpo )" "$OUT/bench_part.log" 2>/dev/null
-    echo "== the whole model against the CPU with fp16 and bf16 decode partials"
+    echo "== the whole model against the CPU with fp32 and bf16 decode partials"
     grep -E "^(==|ok|FAIL)|checks" "$OUT/model_part.log" 2>/dev/null
     echo "== a GRPO step's decode attention and combine, fp32 / fp16 partials (ncu)"
     ncu_rows "s_attn_(decode|group|combine)" "$OUT/kernels_part.log"
