@@ -7,7 +7,7 @@
 #
 # --gpu-tests makes, instead of the bundle, a flat folder of the CUDA test and bench binaries
 # (test_cuda_ops, test_cuda_model, test_cuda_graphs, eng_cuda_hfcheck, anvil-bench-engine,
-# anvil-generate) with lib/ holding the libraries the GPU host lacks, as
+# anvil-generate, eng_engine_check) with lib/ holding the libraries the GPU host lacks, as
 # gen_worker/engine/cuda/bench/gpu_session.sh expects (it puts BUILD_DIR/lib on
 # LD_LIBRARY_PATH). The full bundle plus these would pass the device tool's 64 MiB carry limit.
 #
@@ -50,7 +50,7 @@ if [ -n "$gpu_tests" ]; then
     mkdir -p "$gpu_tests/lib"
     n=0
     for name in test_cuda_ops test_cuda_model test_cuda_graphs eng_cuda_hfcheck anvil-bench-engine \
-        anvil-generate; do
+        anvil-generate eng_engine_check; do
         f=$(find "$build" -path "$build/bundle" -prune -o -type f -name "$name" -perm -u+x -print | head -1)
         if [ -z "$f" ]; then
             echo "bundle.sh: $name is not built under $build (ANVIL_CUDA=ON?)" >&2

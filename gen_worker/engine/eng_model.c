@@ -18,7 +18,11 @@
     With graphs on (eng_model_set_graphs) and a backend that has graph_step, a decode-only step
     is padded to its bucket (eng_graph_pad; the pad tokens use one private KV block past the
     caller's) and its ops up to the logits run as one replayed graph; the graph key changes
-    whenever activations or pools are reallocated, and a reload drops every graph.
+    whenever activations or pools are reallocated. A reload whose new set matches the loaded
+    one buffer for buffer (the usual RL update: same shapes and dtypes, new values) copies it
+    over the loaded buffers on the device (be->copy) and frees it, so the weights keep their
+    addresses and the captured graphs stay valid; any other reload swaps the sets and drops
+    every graph (a key's graph costs an eager run, a capture and an instantiation to rebuild).
 */
 #include "eng_model.h"
 
@@ -46,13 +50,18 @@ typedef struct {
 } s_layer_t;
 
 typedef struct {
+    void *p; /* backend memory */
+    size_t bytes;
+} s_buf_t;
+
+typedef struct {
     eng_st_file_t *files[S_MAX_SHARDS];
     int n_files;
     s_w_t embed, final_norm, lm_head;
     s_layer_t *layers;
-    void **handed; /* every pointer the backend's weight() returned, for weight_release */
+    s_buf_t *handed; /* every pointer the backend's weight() returned, for weight_release */
     int n_handed, cap_handed;
-    void **stacked; /* the stacked weights' buffers (alloc), for free */
+    s_buf_t *stacked; /* the stacked weights' buffers (alloc), for free */
     int n_stacked, cap_stacked, n_tensors;
     size_t bytes;   /* handed to the backend */
     double seconds; /* open + parse + upload, synced */
@@ -83,10 +92,10 @@ static void s_weights_free(eng_backend_t *be, s_weights_t **wp)
     if (!w)
         return;
     for (int i = 0; i < w->n_handed; i++)
-        be->weight_release(be, w->handed[i]);
+        be->weight_release(be, w->handed[i].p);
     free(w->handed);
     for (int i = 0; i < w->n_stacked; i++)
-        be->free(be, w->stacked[i]);
+        be->free(be, w->stacked[i].p);
     free(w->stacked);
     for (int i = 0; i < w->n_files; i++)
         eng_st_destroy(&w->files[i]);
@@ -131,18 +140,18 @@ static int s_find(s_weights_t *w, const eng_st_tensor_t **out, const char *name,
     return 0;
 }
 
-/* Appends p to a pointer list (grown). */
-static int s_keep(void ***list, int *n, int *cap, void *p)
+/* Appends a buffer of `bytes` to a list (grown). */
+static int s_keep(s_buf_t **list, int *n, int *cap, void *p, size_t bytes)
 {
     if (*n == *cap) {
         int c = *cap ? *cap * 2 : 64;
-        void **l = realloc(*list, (size_t)c * sizeof(void *));
+        s_buf_t *l = realloc(*list, (size_t)c * sizeof(s_buf_t));
         if (!l)
             return -ENOMEM;
         *list = l;
         *cap = c;
     }
-    (*list)[(*n)++] = p;
+    (*list)[(*n)++] = (s_buf_t){p, bytes};
     return 0;
 }
 
@@ -161,7 +170,7 @@ static int s_get(eng_model_t *self,
     if (rc)
         return rc;
     void *p = self->be->weight(self->be, t->data, t->nbytes);
-    if (!p || s_keep(&w->handed, &w->n_handed, &w->cap_handed, p)) {
+    if (!p || s_keep(&w->handed, &w->n_handed, &w->cap_handed, p, t->nbytes)) {
         if (p)
             self->be->weight_release(self->be, p);
         snprintf(err, errlen, "backend cannot take weight '%s'", name);
@@ -194,7 +203,7 @@ static int s_get_stacked(eng_model_t *self, s_weights_t *w, s_w_t *out, char nam
     }
     eng_backend_t *be = self->be;
     char *p = be->alloc(be, total);
-    if (!p || s_keep(&w->stacked, &w->n_stacked, &w->cap_stacked, p)) {
+    if (!p || s_keep(&w->stacked, &w->n_stacked, &w->cap_stacked, p, total)) {
         be->free(be, p);
         snprintf(err, errlen, "backend cannot take weight '%s' (%zu bytes stacked)", names[0],
                  total);
@@ -361,6 +370,60 @@ fail:
     return NULL;
 }
 
+/* True when tensors a and b are alike: both absent or both present in one dtype. */
+static bool s_w_alike(const s_w_t *a, const s_w_t *b)
+{
+    return !a->p == !b->p && (!a->p || a->dt == b->dt);
+}
+
+/* Copies weight set w over old when they match buffer for buffer (count, order and bytes of
+   the handed and stacked buffers, each tensor's dtype; the caller checked the shapes), on a
+   backend that can (be->copy), then gives old w's files and figures and frees w with old's
+   files. Returns 1 when done (w freed), 0 when the sets differ or the backend cannot (nothing
+   changed), or a negative code when a copy failed (old's values are then mixed: the caller
+   must swap in w). */
+static int s_weights_overwrite(eng_model_t *self, s_weights_t *old, s_weights_t **wp)
+{
+    eng_backend_t *be = self->be;
+    s_weights_t *w = *wp;
+    if (!be->copy || old->n_handed != w->n_handed || old->n_stacked != w->n_stacked ||
+        !s_w_alike(&old->embed, &w->embed) || !s_w_alike(&old->final_norm, &w->final_norm) ||
+        !s_w_alike(&old->lm_head, &w->lm_head) ||
+        (old->lm_head.p == old->embed.p) != (w->lm_head.p == w->embed.p))
+        return 0;
+    for (int l = 0; l < self->cfg.n_layers; l++) {
+        const s_layer_t *a = &old->layers[l], *b = &w->layers[l];
+        if (!s_w_alike(&a->in_norm, &b->in_norm) || !s_w_alike(&a->post_norm, &b->post_norm) ||
+            !s_w_alike(&a->wqkv, &b->wqkv) || !s_w_alike(&a->bqkv, &b->bqkv) ||
+            !s_w_alike(&a->wo, &b->wo) || !s_w_alike(&a->wgu, &b->wgu) ||
+            !s_w_alike(&a->wd, &b->wd))
+            return 0;
+    }
+    for (int i = 0; i < w->n_handed; i++)
+        if (old->handed[i].bytes != w->handed[i].bytes)
+            return 0;
+    for (int i = 0; i < w->n_stacked; i++)
+        if (old->stacked[i].bytes != w->stacked[i].bytes)
+            return 0;
+    for (int i = 0; i < w->n_handed; i++)
+        if (be->copy(be, old->handed[i].p, w->handed[i].p, w->handed[i].bytes))
+            return ANV_EINTERNAL;
+    for (int i = 0; i < w->n_stacked; i++)
+        if (be->copy(be, old->stacked[i].p, w->stacked[i].p, w->stacked[i].bytes))
+            return ANV_EINTERNAL;
+    if (be->sync(be))
+        return ANV_EINTERNAL;
+    for (int i = 0; i < S_MAX_SHARDS; i++) { /* old keeps the new checkpoint's mappings */
+        eng_st_file_t *f = old->files[i];
+        old->files[i] = w->files[i], w->files[i] = f;
+    }
+    const int nf = old->n_files;
+    old->n_files = w->n_files, w->n_files = nf;
+    old->bytes = w->bytes, old->seconds = w->seconds, old->n_tensors = w->n_tensors;
+    s_weights_free(be, wp);
+    return 1;
+}
+
 /* --- lifecycle ----------------------------------------------------------------------------- */
 
 static void s_free_acts(eng_model_t *self)
@@ -450,6 +513,22 @@ int eng_model_reload(eng_model_t *self, const char *dir, char *err, size_t errle
     s_weights_t *w = s_weights_load(self, dir, err, errlen);
     if (!w)
         return ANV_EFORMAT;
+    /* in place only where the scalars the graphs hold as kernel arguments are the same too */
+    const bool same_scalars = cfg.rope_theta == self->cfg.rope_theta &&
+                              cfg.rms_eps == self->cfg.rms_eps &&
+                              cfg.qkv_bias == self->cfg.qkv_bias;
+    const uint64_t t0 = anv_now_ns();
+    rc = same_scalars ? s_weights_overwrite(self, self->w, &w) : 0;
+    if (rc == 1) {
+        ANV_INFO("weights reloaded in place (%.2f GB copied on the device in %.3f s): the "
+                 "decode graphs stay",
+                 self->w->bytes / 1e9, (anv_now_ns() - t0) * 1e-9);
+        self->cfg = cfg;
+        return 0;
+    }
+    if (rc < 0)
+        ANV_WARN("weights: the copy in place failed (%s); swapping in the new set",
+                 anv_strerror(rc));
     if (self->be->graph_reset)
         self->be->graph_reset(self->be); /* the graphs hold the old weights' pointers */
     s_weights_free(self->be, &self->w);

@@ -142,6 +142,11 @@ struct eng_backend {
     /* Copies between host and backend memory. */
     int (*upload)(eng_backend_t *be, void *dst, const void *host_src, size_t bytes);
     int (*download)(eng_backend_t *be, void *host_dst, const void *src, size_t bytes);
+    /* Copies `bytes` of backend memory src over dst (both from weight() or alloc; queued in
+       order with the ops). NULL on backends whose weights are the checkpoint's own mapping
+       (the CPU): there a weight cannot be overwritten in place. A weight reload uses it to
+       keep the weights' addresses, so captured decode graphs stay valid (eng_model_reload). */
+    int (*copy)(eng_backend_t *be, void *dst, const void *src, size_t bytes);
     /* Waits for queued work (a no-op on the CPU). */
     int (*sync)(eng_backend_t *be);
 

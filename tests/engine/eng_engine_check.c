@@ -10,8 +10,11 @@
 
     Prints one JSON line per finished sample ({"id", "index", "tokens", "finish", "version"})
     and "ok" as the last line; the pytest side checks the lines. Exit 0 or 1.
+    ENG_CHECK_BACKEND=cuda runs it on the CUDA backend with decode graphs on
+    (tests/engine_cuda/reload_graphs.sh: a reload keeps the captured graphs).
 */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "anv_error.h"
@@ -68,6 +71,9 @@ int main(int argc, char **argv)
         return 1;
     char err[256] = "";
     eng_engine_opts_t o = {.model_dir = argv[2], .n_blocks = 64, .weight_version = 3};
+    const char *backend = getenv("ENG_CHECK_BACKEND");
+    if (backend && *backend)
+        o.backend = backend, o.cuda_graphs = true;
     eng_engine_t *e = eng_engine_new(&o, err, sizeof(err));
     int n = 0, rc = 1;
     if (!e) {

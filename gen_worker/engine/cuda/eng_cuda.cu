@@ -234,6 +234,15 @@ static int s_download(eng_backend_t *be, void *host_dst, const void *src, size_t
     return 0;
 }
 
+static int s_copy(eng_backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (!dst || !src)
+        return -EINVAL;
+    ECU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st->stream));
+    return 0;
+}
+
 static int s_sync(eng_backend_t *be)
 {
     ECU_CHECK(cudaStreamSynchronize(ecu_st(be)->stream));
@@ -292,7 +301,10 @@ int ecu_prepare(eng_backend_t *be, const eng_step_t *step)
         const ecu_attn_plan_t *plan;
         st->p_qstart = NULL;
         /* the block size is the one the last attention (or graph step) was given */
+        const double t0 = st->graph_splits > 0 ? ecu_now() : 0.0;
         ECU_TRY(ecu_attn_plan(st, step->batch, st->kv_block_size, &plan));
+        if (st->graph_splits > 0) /* a graph step's (eng_cuda_graph_times) */
+            st->graph_plan_s += ecu_now() - t0;
         st->p_qstart = step->batch->q_start;
         st->p_ctx = step->batch->ctx_len;
         st->p_tables = step->batch->block_tables;
@@ -665,6 +677,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->weight_into = s_weight_into;
     be->upload = s_upload;
     be->download = s_download;
+    be->copy = s_copy;
     be->sync = s_sync;
     be->embedding = ecu_embedding;
     be->rmsnorm = ecu_rmsnorm;

@@ -43,6 +43,13 @@ int eng_cuda_copy_bandwidth(eng_backend_t *be, size_t bytes, int iters, double *
 int eng_cuda_graph_stats(eng_backend_t *be, long long *captures, long long *launches,
                          long long *eager);
 
+/* Host seconds graph_step has spent since the backend was created: preparing its steps (the
+   step arrays' upload and the attention plan), of which building and uploading the plan; in
+   cudaGraphLaunch of captured graphs; and in the steps that ran eagerly or were captured (a
+   key's first two uses: record(), the capture, its instantiation and first launch). */
+int eng_cuda_graph_times(
+    eng_backend_t *be, double *prepare_s, double *plan_s, double *launch_s, double *build_s);
+
 /* Fixes the column segments a row of the small-batch GEMV (matmul.cu) for later products:
    1, 2, 4 or 8 where the shape allows, 0 to choose them by the grid's waves (the default);
    also read at start from $ANVIL_CUDA_GEMV_SEGS. For benchmarks (anvil-bench-engine

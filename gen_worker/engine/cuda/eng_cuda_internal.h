@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdint.h>
+#include <time.h>
 #include <type_traits>
 
 extern "C" {
@@ -236,7 +237,18 @@ typedef struct {
     struct ecu_graph *graphs;   /* (n_graphs) one per (n_tok, max_blocks, key) */
     int n_graphs, cap_graphs;
     long long graph_captures, graph_launches, graph_eager;
+    /* host seconds in graph_step: preparing steps (of which the attention plan), launching
+       the captured graphs, the eager runs and captures (eng_cuda_graph_times) */
+    double graph_prep_s, graph_plan_s, graph_launch_s, graph_build_s;
 } ecu_state_t;
+
+/* CLOCK_MONOTONIC in seconds (host timings) */
+static inline double ecu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* Bumped whenever ecu_buf_reserve moves a device buffer: a graph captured at another epoch
    may hold a freed pointer and is re-recorded (process-wide: several backends only cause

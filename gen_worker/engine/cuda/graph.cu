@@ -119,8 +119,10 @@ extern "C" int ecu_graph_step(eng_backend_t *be, const eng_step_t *step, int blo
     long long positions = (long long)mb * block_size;
     st->graph_splits = (int)((positions + ECU_ATTN_SPLIT_POS - 1) / ECU_ATTN_SPLIT_POS);
     st->kv_block_size = block_size;
+    const double t0 = ecu_now();
     int rc = ecu_prepare(be, step);
     st->graph_splits = 0;
+    st->graph_prep_s += ecu_now() - t0;
     if (rc)
         return rc;
     /* a step with group tiles records one more launch a layer: its own graph */
@@ -136,11 +138,14 @@ extern "C" int ecu_graph_step(eng_backend_t *be, const eng_step_t *step, int blo
         g->epoch = 0;
     }
     if (g->state == G_CAPTURED) {
+        const double t1 = ecu_now();
         ECU_CHECK(cudaGraphLaunch(g->exec, st->stream));
+        st->graph_launch_s += ecu_now() - t1;
         g->launches++;
         st->graph_launches++;
         return 0;
     }
+    const double t1 = ecu_now(); /* a first use or a capture: graph_build_s */
     if (g->state == G_EAGER && g->epoch == ecu_buf_epoch) {
         rc = s_capture(st, g, record, ctx);
         if (rc == 0) {
@@ -150,6 +155,7 @@ extern "C" int ecu_graph_step(eng_backend_t *be, const eng_step_t *step, int blo
             ECU_CHECK(cudaGraphLaunch(g->exec, st->stream));
             g->launches++;
             st->graph_launches++;
+            st->graph_build_s += ecu_now() - t1;
             return 0;
         }
         ANV_WARN("cuda graph: %d-token steps (stride %d blocks) run without a graph", g->n_tok,
@@ -159,9 +165,27 @@ extern "C" int ecu_graph_step(eng_backend_t *be, const eng_step_t *step, int blo
     }
     st->graph_eager++;
     rc = record(ctx);
+    st->graph_build_s += ecu_now() - t1;
     if (rc == 0 && g->state == G_EAGER)
         g->epoch = ecu_buf_epoch; /* buffers now at this step's sizes: capture next time */
     return rc;
+}
+
+extern "C" int eng_cuda_graph_times(
+    eng_backend_t *be, double *prepare_s, double *plan_s, double *launch_s, double *build_s)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (!st)
+        return -EINVAL;
+    if (build_s)
+        *build_s = st->graph_build_s;
+    if (prepare_s)
+        *prepare_s = st->graph_prep_s;
+    if (plan_s)
+        *plan_s = st->graph_plan_s;
+    if (launch_s)
+        *launch_s = st->graph_launch_s;
+    return 0;
 }
 
 extern "C" int eng_cuda_graph_stats(eng_backend_t *be, long long *captures, long long *launches,

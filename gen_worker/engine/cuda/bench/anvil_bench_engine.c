@@ -31,7 +31,11 @@
                 while the GPU idles (decode_host_ms: from the step's tokens read back to the
                 next launch; decode_fwd_ms of it inside the engine's forward: padding, plan,
                 uploads, launch) and of the sampler's call (decode_wait_ms: the wait for the
-                step's kernels), and the graphs captured and steps run without one.
+                step's kernels); ms a graph step (CUDA) in the backend's preparation of the
+                step (graph_prep_ms), of which its attention plan (graph_plan_ms), and in
+                cudaGraphLaunch (graph_launch_ms) and in first uses and captures
+                (graph_build_ms: a key's eager run, its capture and instantiation, spread
+                over the graph steps); the graphs captured and steps run without one.
     linear      (--linear B1,B2..., off by default) each product of a layer through the
                 backend's fused linear op at batch B, with the model's epilogues (QKV + norm
                 + rope + KV store, O + residual add, gate|up + norm + SwiGLU, down + residual
@@ -410,6 +414,9 @@ typedef struct {
        padding, the backend's plan and uploads, the launch); wait_s the sampler's call (its
        launch and the wait for the step's tokens). On the CPU backend fwd_s is the forward. */
     double host_s, fwd_s, wait_s;
+    /* of fwd_s in graph steps (CUDA, eng_cuda_graph_times): preparing the step (of which the
+       attention plan) and cudaGraphLaunch */
+    double prep_s, plan_s, launch_s, build_s; /* build_s: first uses and captures */
     long long generated, expected, steps, decode_steps, graph_steps, prefill_tokens;
     long long captures, eager; /* graphs captured and steps run without one (CUDA) */
     uint64_t tokens_hash; /* of every sample's tokens, in (prompt, sample) order */
@@ -523,8 +530,11 @@ static int s_grpo(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, doubl
 
     long long committed = 0, dec_tok = 0, cap0 = 0, eager0 = 0;
     int next = 0, running = 0, live_groups = 0;
-    if (x->cuda)
+    double prep0 = 0, plan0 = 0, launch0 = 0, build0 = 0;
+    if (x->cuda) {
         eng_cuda_graph_stats(be, &cap0, NULL, &eager0);
+        eng_cuda_graph_times(be, &prep0, &plan0, &launch0, &build0);
+    }
     double t0 = s_now(), prefill_t = 0;
     while (next < G || live_groups > 0) {
         const double t_it = s_now();
@@ -680,6 +690,10 @@ static int s_grpo(s_env_t *x, const eng_bm_config_t *c, const s_opts_t *o, doubl
     res->wall_s = s_now() - t0;
     if (x->cuda && eng_cuda_graph_stats(be, &res->captures, NULL, &res->eager) == 0)
         res->captures -= cap0, res->eager -= eager0;
+    if (x->cuda &&
+        eng_cuda_graph_times(be, &res->prep_s, &res->plan_s, &res->launch_s, &res->build_s) == 0)
+        res->prep_s -= prep0, res->plan_s -= plan0, res->launch_s -= launch0,
+            res->build_s -= build0;
     res->prefill_s = prefill_t;
     res->tok_s = res->generated / res->wall_s;
     res->mean_batch = res->steps ? (double)dec_tok / res->steps : 0;
@@ -1046,6 +1060,9 @@ int main(int argc, char **argv)
         const double nd = gr.decode_steps > 0 ? (double)gr.decode_steps : 1.0;
         const double dhost = 1e3 * gr.host_s / nd, dwait = 1e3 * gr.wait_s / nd;
         const double dfwd = 1e3 * gr.fwd_s / nd;
+        const double ng = gr.graph_steps > 0 ? (double)gr.graph_steps : 1.0;
+        const double gprep = 1e3 * gr.prep_s / ng, gplan = 1e3 * gr.plan_s / ng;
+        const double glaunch = 1e3 * gr.launch_s / ng, gbuild = 1e3 * gr.build_s / ng;
         if (o.json)
             printf("{\"bench\":\"grpo\",\"device\":\"%s\",\"prompts\":%d,\"samples\":%d,"
                    "\"prompt\":%d,\"min_new\":%d,\"max_new\":%d,\"graphs\":%s,\"tok_s\":%.1f,"
@@ -1053,15 +1070,17 @@ int main(int argc, char **argv)
                    "\"prefill_s\":%.3f,\"prefills\":%d,\"prefill_tokens\":%lld,\"steps\":%lld,"
                    "\"decode_steps\":%lld,\"graph_steps\":%lld,\"mean_batch\":%.1f,"
                    "\"peak_running\":%d,\"kv_peak_tokens\":%d,\"kv_capacity_tokens\":%d,"
-                   "\"decode_host_ms\":%.3f,\"decode_fwd_ms\":%.3f,\"decode_wait_ms\":%.3f,\"graph_"
-                   "captures\":%lld,"
+                   "\"decode_host_ms\":%.3f,\"decode_fwd_ms\":%.3f,\"decode_wait_ms\":%.3f,"
+                   "\"graph_prep_ms\":%.3f,\"graph_plan_ms\":%.3f,\"graph_launch_ms\":%.3f,"
+                   "\"graph_build_ms\":%.3f,"
+                   "\"graph_captures\":%lld,"
                    "\"graph_eager\":%lld,\"sharing\":%s,\"tokens_hash\":\"%016llx\"}\n",
                    dev, o.grpo_prompts, o.grpo_samples, o.grpo_prompt, o.grpo_min_new,
                    o.grpo_max_new, o.graphs ? "true" : "false", gr.tok_s, gr.generated, gr.expected,
                    gr.finished, gr.wall_s, gr.prefill_s, gr.prefills, gr.prefill_tokens, gr.steps,
                    gr.decode_steps, gr.graph_steps, gr.mean_batch, gr.peak_running,
-                   gr.kv_peak_tokens, gr.kv_capacity_tokens, dhost, dfwd, dwait, gr.captures,
-                   gr.eager, o.grpo_no_sharing ? "false" : "true",
+                   gr.kv_peak_tokens, gr.kv_capacity_tokens, dhost, dfwd, dwait, gprep, gplan,
+                   glaunch, gbuild, gr.captures, gr.eager, o.grpo_no_sharing ? "false" : "true",
                    (unsigned long long)gr.tokens_hash);
         else
             printf(
@@ -1070,13 +1089,15 @@ int main(int argc, char **argv)
                 "prefills=%d prefill_tokens=%lld steps=%lld decode_steps=%lld "
                 "graph_steps=%lld mean_batch=%.1f peak_running=%d kv_peak_tokens=%d "
                 "kv_capacity_tokens=%d decode_host_ms=%.3f decode_fwd_ms=%.3f decode_wait_ms=%.3f "
+                "graph_prep_ms=%.3f graph_plan_ms=%.3f graph_launch_ms=%.3f graph_build_ms=%.3f "
                 "graph_captures=%lld graph_eager=%lld sharing=%s tokens_hash=%016llx\n",
                 o.grpo_prompts, o.grpo_samples, o.grpo_prompt, o.grpo_min_new, o.grpo_max_new,
                 o.graphs ? "on" : "off", gr.tok_s, gr.generated, gr.expected, gr.finished,
                 gr.wall_s, gr.prefill_s, gr.prefills, gr.prefill_tokens, gr.steps, gr.decode_steps,
                 gr.graph_steps, gr.mean_batch, gr.peak_running, gr.kv_peak_tokens,
-                gr.kv_capacity_tokens, dhost, dfwd, dwait, gr.captures, gr.eager,
-                o.grpo_no_sharing ? "off" : "on", (unsigned long long)gr.tokens_hash);
+                gr.kv_capacity_tokens, dhost, dfwd, dwait, gprep, gplan, glaunch, gbuild,
+                gr.captures, gr.eager, o.grpo_no_sharing ? "off" : "on",
+                (unsigned long long)gr.tokens_hash);
         fflush(stdout);
     }
     if (o.json) {

@@ -29,6 +29,8 @@
 #   load_8b      anvil-generate --backend cuda on the 8B checkpoint, 1 token: the engine's
 #                "weights: ... GB/s" line (page cache warm: written just before), twice
 #   gen_graphs   generate_graphs.sh: the engine with and without --cuda-graphs
+#   reload_graphs reload_graphs.sh: a weight reload on the engine with decode graphs (in place
+#                for the same dtypes, the graphs kept; swapped for others): the new weights' tokens
 #   gen_groups   generate_groups.sh: the engine's 8 samples a prompt with the attention's group
 #                tiles and without (ANVIL_CUDA_ATTN_GROUP=0): the same tokens and logprobs
 #   hf_peer      hf_peer_bench.py: HF transformers generate at the same decode batches
@@ -206,6 +208,7 @@ T_OPS=$(need test_cuda_ops)
 T_MODEL=$(need test_cuda_model)
 T_GRAPHS=$(need test_cuda_graphs)
 HFCHECK=$(need eng_cuda_hfcheck)
+CHECK=$(need eng_engine_check)
 TESTS=$SRC/tests/engine_cuda
 TOOLS=$SRC/gen_worker/engine/tools
 BENCHDIR=$SRC/gen_worker/engine/cuda/bench
@@ -453,6 +456,7 @@ if [ $DRY = 1 ]; then
 else
     step gen_graphs 120 "$TESTS/generate_graphs.sh" "$GEN"
     step gen_groups 120 "$TESTS/generate_groups.sh" "$GEN"
+    step reload_graphs 120 "$TESTS/reload_graphs.sh" "$CHECK"
     step hf_peer 150 "$PY" "$BENCHDIR/hf_peer_bench.py" --batches 1,16,64,256 --prompt 512 \
         --new 256
 fi
