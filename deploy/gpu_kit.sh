@@ -4,8 +4,9 @@
 #   deploy/gpu_kit.sh make [--build-dir DIR] [--out .device]   (here: builds .device/kit.tar.xz)
 #   deploy/gpu_kit.sh run [LOGDIR]                              (there, from the repo root)
 #
-# The device tool carries at most 64 MiB, and the CUDA test binaries alone are ~60 MB (11.6 MB
-# each, sm_90 code and compute_90 PTX); xz makes the whole kit ~20 MB. The kit holds:
+# The device tool carries at most 64 MiB, and the CUDA test binaries alone are ~90 MB (12 to 15
+# MB each, sm_90 code and compute_90 PTX); xz makes the whole kit ~34 MB (~40 MB with KIT_KEEP's
+# two). The kit holds:
 # build-gpu/ (deploy/bundle.sh --gpu-tests, without anvil-generate and eng_cuda_hfcheck unless
 # KIT_KEEP names them: load_8b / vs_hf need them), anvil/ (deploy/bundle.sh with only the exec
 # worker, its launcher and bwrap), build/exec_worker/anvil-exec-worker (a wrapper, as gpu_bench.sh expects
