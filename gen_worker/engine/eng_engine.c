@@ -290,13 +290,12 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
                  eng_tokenizer_size(self->tok), c->vocab);
         goto fail;
     }
-    /* on a device the pool takes what the weights left, less room for a weight update (a GPU
-       worker's pool, not a CPU tool's 256 MiB: with 2048 tokens an 8B worker ran one
-       sequence at a time) */
-    size_t free_b = 0, w_bytes = 0;
-    eng_model_load_stats(self->model, &w_bytes, NULL);
+    /* on a device the pool takes what the weights left, less what a weight update allocates
+       beside them (none where it is written in place: CUDA) -- a GPU worker's pool, not a CPU
+       tool's 256 MiB: with 2048 tokens an 8B worker ran one sequence at a time */
+    size_t free_b = 0;
     if (kv_auto && self->be->mem_info && self->be->mem_info(self->be, &free_b, NULL) == 0)
-        o->kv_bytes = eng_kv_auto_bytes(free_b, w_bytes, o->kv_bytes);
+        o->kv_bytes = eng_kv_auto_bytes(free_b, eng_model_reload_bytes(self->model), o->kv_bytes);
     size_t per_block = eng_model_kv_bytes_per_token(self->model) * (size_t)o->block_size;
     int n_blocks = o->n_blocks > 0 ? o->n_blocks : (int)(o->kv_bytes / per_block);
     if (n_blocks < 1) {
