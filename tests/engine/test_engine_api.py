@@ -36,7 +36,7 @@ def _truncated_copy(src, dst):
 
 def test_reload_weights(check_bin, models, tmp_path):
     a, b = models["llama"], models["llama_fp32"]  # same shapes, other weights
-    bad = _truncated_copy(b, str(tmp_path / "bad"))
+    bad = _truncated_copy(a, str(tmp_path / "bad"))  # A's values: a write would show in "c"
     out, err = _run(check_bin, "reload", a, b, bad)
     got = {(s["id"], s["index"]): s for s in out}
     only_b, _ = _run(check_bin, "reload", b, b)
@@ -48,10 +48,11 @@ def test_reload_weights(check_bin, models, tmp_path):
     # 'mid' had its first tokens under version 3, the rest recomputed and decoded under 7
     assert got[("mid", 0)]["first_version"] == 3 and got[("mid", 0)]["version"] == 7
     assert "refused as expected" in err
-    # the truncated checkpoint was refused and "c" ran on B's weights, as "b" did
+    # the truncated copy of A was refused and "c" ran on B's weights, as in the run that
+    # had B throughout and no broken load
     assert "broken checkpoint refused as expected" in err and "truncated" in err, err
     assert got[("c", 0)]["version"] == 7
-    assert got[("c", 0)]["tokens"] == ref[("b", 0)]["tokens"]
+    assert got[("c", 0)]["tokens"] == ref[("c", 0)]["tokens"] == ref[("b", 0)]["tokens"]
 
 
 def test_cancel(check_bin, models):
