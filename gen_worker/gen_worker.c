@@ -582,10 +582,6 @@ gen_worker_t *gen_worker_new(const gen_worker_config_t *cfg)
     if (!w)
         return NULL;
     w->cfg = *cfg;
-    w->n_units = cfg->slots > 0 ? cfg->slots : 1;
-    w->units = calloc((size_t)w->n_units, sizeof *w->units);
-    if (!w->units)
-        goto fail;
     char err[512] = "";
     eng_engine_opts_t eo = {
         .model_dir = cfg->model_dir,
@@ -594,6 +590,7 @@ gen_worker_t *gen_worker_new(const gen_worker_config_t *cfg)
         .kv_bytes = cfg->kv_mb > 0 ? (size_t)cfg->kv_mb << 20 : 0,
         .kv_dtype = cfg->kv_dtype,
         .max_batch_tokens = cfg->max_batch_tokens,
+        .max_seqs = cfg->max_seqs,
         .weight_version = cfg->weight_version,
         .cuda_graphs = cfg->cuda_graphs,
     };
@@ -606,9 +603,20 @@ gen_worker_t *gen_worker_new(const gen_worker_config_t *cfg)
     }
     eng_engine_stats_t st;
     eng_engine_stats(w->eng, &st);
-    ANV_INFO("engine ready in %lld ms: backend %s, %d KV blocks of %d tokens (%lld tokens)",
+    /* slots by default: on a device as many units as the engine decodes sequences at once, so
+       that n = 1 jobs fill its batch (units of n samples queue in the engine, and the broker
+       offers no more than the free KV holds); the CPU keeps a small table */
+    w->n_units = cfg->slots > 0                                 ? cfg->slots
+                 : cfg->backend && !strcmp(cfg->backend, "cpu") ? GEN_WORKER_HOST_SLOTS
+                                                                : st.max_seqs;
+    w->units = calloc((size_t)w->n_units, sizeof *w->units);
+    if (!w->units)
+        goto fail;
+    ANV_INFO("engine ready in %lld ms: backend %s, %d KV blocks of %d tokens (%lld tokens), "
+             "%d slots, %d sequences at once, graphs %s",
              (long long)(anv_now_ms() - t0), cfg->backend, st.total_blocks, st.block_size,
-             (long long)st.total_blocks * st.block_size);
+             (long long)st.total_blocks * st.block_size, w->n_units, st.max_seqs,
+             cfg->cuda_graphs ? "on" : "off");
     const char *caps[] = {"generate", "chat", "logprobs", "weights-update"};
     broker_client_config_t bc = {
         .endpoint = cfg->broker,

@@ -32,6 +32,8 @@
 
 typedef struct gen_worker_t gen_worker_t;
 
+#define GEN_WORKER_HOST_SLOTS 16
+
 typedef struct {
     const char *broker;          /* worker endpoint, e.g. tcp://127.0.0.1:5556 */
     const char *worker_id;       /* NULL = <hostname>-gen-<pid> */
@@ -39,10 +41,13 @@ typedef struct {
     const char *backend;         /* "cpu" or "cuda" */
     int gpu_index;               /* -1 = CPU */
     int n_threads;               /* CPU backend threads, 0 = one per core */
-    int slots;                   /* units held at once */
+    int slots;                   /* units held at once; 0 = the engine's max_seqs on a device
+                                    backend (the broker's KV credit bounds it further),
+                                    GEN_WORKER_HOST_SLOTS on the CPU */
     int64_t kv_mb;               /* KV budget in MiB, 0 = engine default */
     const char *kv_dtype;        /* KV cache dtype, NULL/"" = the backend's (eng_engine.h) */
     int max_batch_tokens;        /* 0 = engine default */
+    int max_seqs;                /* running sequences at most, 0 = engine default */
     int default_max_tokens;      /* when a unit sets none */
     uint64_t weight_version;     /* version of the weights in model_dir */
     int64_t grace_ms;            /* drain grace period */

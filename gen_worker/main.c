@@ -30,8 +30,8 @@ int main(int argc, char **argv)
     char *broker = NULL, *model = NULL, *backend = NULL, *worker_id = NULL, *gpus = NULL;
     char *ready_file = NULL, *log_level = NULL, *curve_secret = NULL, *curve_server = NULL;
     char *kv_dtype = NULL;
-    int64_t gpu, slots, threads, kv_mb, max_batch, max_tokens, version, grace_ms;
-    bool log_json = false, cuda_graphs = false;
+    int64_t gpu, slots, threads, kv_mb, max_batch, max_seqs, max_tokens, version, grace_ms;
+    bool log_json = false, cuda_graphs = true;
     const anv_cfg_opt_t opts[] = {
         {"broker", ANV_CFG_STR, "tcp://127.0.0.1:5556", 0, -1, "broker worker endpoint", &broker,
          false},
@@ -42,7 +42,9 @@ int main(int argc, char **argv)
          false},
         {"worker-id", ANV_CFG_STR, NULL, 0, -1, "stable worker id (default host-gen-pid)",
          &worker_id, false},
-        {"slots", ANV_CFG_INT, "16", 1, 4096, "units (prompts) held at once", &slots, false},
+        {"slots", ANV_CFG_INT, "0", 0, 65536,
+         "units (prompts) held at once (0 = the engine's max-seqs on cuda, 16 on cpu)", &slots,
+         false},
         {"threads", ANV_CFG_INT, "0", 0, 1024, "CPU backend threads (0 = one per core)", &threads,
          false},
         {"kv-mb", ANV_CFG_INT, "0", 0, 1 << 24,
@@ -51,13 +53,16 @@ int main(int argc, char **argv)
          &kv_dtype, false},
         {"max-batch-tokens", ANV_CFG_INT, "0", 0, 1 << 20, "tokens per step (0 = default)",
          &max_batch, false},
+        {"max-seqs", ANV_CFG_INT, "0", 0, 1 << 20,
+         "sequences decoded at once at most (0 = 512 on cuda, 256 on cpu)", &max_seqs, false},
         {"max-tokens", ANV_CFG_INT, "1024", 1, 1 << 20, "new tokens when a job sets none",
          &max_tokens, false},
         {"weight-version", ANV_CFG_INT, "0", 0, INT64_MAX, "version of the weights in --model",
          &version, false},
-        {"grace-ms", ANV_CFG_INT, "30000", 0, 3600000, "drain grace period on SIGTERM",
-         &grace_ms, false},
-        {"cuda-graphs", ANV_CFG_BOOL, "false", 0, 0, "CUDA backend: decode steps as CUDA graphs",
+        {"grace-ms", ANV_CFG_INT, "30000", 0, 3600000, "drain grace period on SIGTERM", &grace_ms,
+         false},
+        {"cuda-graphs", ANV_CFG_BOOL, "true", 0, 0,
+         "CUDA backend: decode steps as CUDA graphs (--no-cuda-graphs runs them eagerly)",
          &cuda_graphs, false},
         {"ready-file", ANV_CFG_STR, NULL, 0, -1, "file written once registered (readiness)",
          &ready_file, false},
@@ -65,8 +70,8 @@ int main(int argc, char **argv)
          &curve_secret, false},
         {"curve-server", ANV_CFG_STR, NULL, 0, -1, "the broker's public key file (CURVE)",
          &curve_server, false},
-        {"log-level", ANV_CFG_STR, "info", 0, -1, "error, warn, info, debug or trace",
-         &log_level, false},
+        {"log-level", ANV_CFG_STR, "info", 0, -1, "error, warn, info, debug or trace", &log_level,
+         false},
         {"log-json", ANV_CFG_BOOL, "false", 0, -1, "log JSON objects", &log_json, false},
     };
     const size_t n_opts = sizeof opts / sizeof *opts;
@@ -144,11 +149,12 @@ int main(int argc, char **argv)
         .kv_mb = kv_mb,
         .kv_dtype = kv_dtype,
         .max_batch_tokens = (int)max_batch,
+        .max_seqs = (int)max_seqs,
         .default_max_tokens = (int)max_tokens,
         .weight_version = (uint64_t)version,
         .grace_ms = grace_ms,
         .ready_file = ready_file,
-        .cuda_graphs = cuda_graphs,
+        .cuda_graphs = cuda_graphs && !strcmp(be, "cuda"),
         .curve_secret = curve_secret,
         .curve_server = curve_server,
     };

@@ -102,6 +102,7 @@ struct eng_engine {
     int n_groups, cap_groups;
     s_fifo_t done;
     long long preemptions, processed_tokens, generated_tokens;
+    int peak_batch_seqs; /* sequences in one step at most */
     /* step scratch */
     eng_ids_t b_tok, b_pos, b_slot, b_qstart, b_ctx, b_tables, b_rows;
     s_list_t b_seqs, b_sample; /* sequences of the step; those sampled (per row) */
@@ -254,9 +255,7 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
         o->kv_bytes = (size_t)256 << 20;
     if (!o->max_batch_tokens)
         o->max_batch_tokens = 2048;
-    if (!o->max_seqs)
-        o->max_seqs = 256;
-    if (o->block_size < 1 || o->block_size > 1024 || o->max_batch_tokens < 1 || o->max_seqs < 1) {
+    if (o->block_size < 1 || o->block_size > 1024 || o->max_batch_tokens < 1 || o->max_seqs < 0) {
         snprintf(err, errlen, "engine options out of range");
         goto fail;
     }
@@ -268,6 +267,9 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
                  o->kv_dtype && *o->kv_dtype ? o->kv_dtype : "");
         goto fail;
     }
+    /* a device backend (the one with mem_info) gets the larger default: see eng_engine.h */
+    if (!o->max_seqs)
+        o->max_seqs = self->be->mem_info ? ENG_MAX_SEQS_DEVICE : ENG_MAX_SEQS_HOST;
     if (!self->be->sample) {
         snprintf(err, errlen, "backend '%s' cannot sample", self->be->name);
         goto fail;
@@ -288,13 +290,12 @@ eng_engine_t *eng_engine_new(const eng_engine_opts_t *opts, char *err, size_t er
                  eng_tokenizer_size(self->tok), c->vocab);
         goto fail;
     }
-    /* on a device the pool takes what the weights left, less room for a weight update (a GPU
-       worker's pool, not a CPU tool's 256 MiB: with 2048 tokens an 8B worker ran one
-       sequence at a time) */
-    size_t free_b = 0, w_bytes = 0;
-    eng_model_load_stats(self->model, &w_bytes, NULL);
+    /* on a device the pool takes what the weights left, less what a weight update allocates
+       beside them (none where it is written in place: CUDA) -- a GPU worker's pool, not a CPU
+       tool's 256 MiB: with 2048 tokens an 8B worker ran one sequence at a time */
+    size_t free_b = 0;
     if (kv_auto && self->be->mem_info && self->be->mem_info(self->be, &free_b, NULL) == 0)
-        o->kv_bytes = eng_kv_auto_bytes(free_b, w_bytes, o->kv_bytes);
+        o->kv_bytes = eng_kv_auto_bytes(free_b, eng_model_reload_bytes(self->model), o->kv_bytes);
     size_t per_block = eng_model_kv_bytes_per_token(self->model) * (size_t)o->block_size;
     int n_blocks = o->n_blocks > 0 ? o->n_blocks : (int)(o->kv_bytes / per_block);
     if (n_blocks < 1) {
@@ -972,6 +973,8 @@ int eng_engine_step(eng_engine_t *self)
     if (self->b_tok.n == 0)
         return 0;
     int n_tok = self->b_tok.n;
+    if (self->b_seqs.n > self->peak_batch_seqs)
+        self->peak_batch_seqs = self->b_seqs.n;
     if ((rc = s_run_batch(self)))
         return rc;
     self->processed_tokens += n_tok;
@@ -1016,6 +1019,11 @@ int eng_engine_load_weights(
     return 0;
 }
 
+int eng_engine_max_seqs(const eng_engine_t *self)
+{
+    return self->opts.max_seqs;
+}
+
 uint64_t eng_engine_weight_version(const eng_engine_t *self)
 {
     return self->version;
@@ -1031,6 +1039,8 @@ void eng_engine_stats(const eng_engine_t *self, eng_engine_stats_t *st)
     st->bytes_per_block = eng_model_kv_bytes_per_token(self->model) * (size_t)st->block_size;
     st->running = self->running.n;
     st->waiting = self->waiting.n;
+    st->max_seqs = self->opts.max_seqs;
+    st->peak_batch_seqs = self->peak_batch_seqs;
     st->preemptions = self->preemptions;
     st->processed_tokens = self->processed_tokens;
     st->generated_tokens = self->generated_tokens;

@@ -36,6 +36,9 @@
 
 typedef struct eng_engine eng_engine_t;
 
+#define ENG_MAX_SEQS_HOST   256
+#define ENG_MAX_SEQS_DEVICE 512
+
 typedef struct {
     const char *model_dir;
     const char *backend;     /* "cpu" (default) or "cuda" */
@@ -47,7 +50,8 @@ typedef struct {
                                 weights less 10 % and 4 GiB, else 256 MiB */
     int n_blocks;            /* > 0 overrides kv_bytes */
     int max_batch_tokens;    /* tokens per step (prefill chunks + decodes); 0 = 2048 */
-    int max_seqs;            /* running sequences at most; 0 = 256 */
+    int max_seqs;            /* running sequences at most; 0 = ENG_MAX_SEQS_DEVICE on a
+                                device backend, ENG_MAX_SEQS_HOST on the CPU */
     int max_context;         /* 0 = max_position_embeddings */
     bool no_prefix_sharing;  /* prefill every sample separately (for comparisons) */
     bool cuda_graphs;        /* decode-only steps as CUDA graphs (backends with graph_step) */
@@ -109,6 +113,8 @@ typedef struct {
     int total_blocks, free_blocks, peak_blocks;
     size_t bytes_per_block;
     int running, waiting; /* sequences */
+    int max_seqs;         /* running sequences at most */
+    int peak_batch_seqs;  /* sequences in one step at most */
     long long preemptions;
     long long processed_tokens; /* tokens run through the model (prefill, recompute, decode) */
     long long generated_tokens; /* tokens sampled */
@@ -136,6 +142,8 @@ int eng_engine_load_weights(
 /* Drops every KV block held by in-flight sequences (they are recomputed). */
 void eng_engine_drop_prefix_state(eng_engine_t *self);
 uint64_t eng_engine_weight_version(const eng_engine_t *self);
+/* Running sequences at most (the option, or its default for the backend). */
+int eng_engine_max_seqs(const eng_engine_t *self);
 
 void eng_engine_stats(const eng_engine_t *self, eng_engine_stats_t *st);
 const eng_tokenizer_t *eng_engine_tokenizer(const eng_engine_t *self);

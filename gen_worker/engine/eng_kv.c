@@ -20,9 +20,9 @@ struct eng_kv {
     int peak_used;
 };
 
-size_t eng_kv_auto_bytes(size_t device_free, size_t weight_bytes, size_t fallback)
+size_t eng_kv_auto_bytes(size_t device_free, size_t reload_bytes, size_t fallback)
 {
-    size_t keep = ((size_t)4 << 30) + device_free / 10 + weight_bytes;
+    size_t keep = ((size_t)4 << 30) + device_free / 10 + reload_bytes;
     return device_free > keep && device_free - keep > fallback ? device_free - keep : fallback;
 }
 

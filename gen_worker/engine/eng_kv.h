@@ -32,10 +32,11 @@ typedef struct {
 } eng_kv_copy_t;
 
 /* The pool's byte budget when none was asked for: on a device with device_free bytes free
-   after weights of weight_bytes, all of it less 10 %, 4 GiB (activations, logits, graphs) and
-   weight_bytes again (a weight update loads the new weights before it frees the old ones);
-   with no device (device_free 0) or when that is smaller, fallback. */
-size_t eng_kv_auto_bytes(size_t device_free, size_t weight_bytes, size_t fallback);
+   after the weights, all of it less 10 %, 4 GiB (activations, logits, graphs) and
+   reload_bytes (what a weight update allocates while the old weights are loaded:
+   eng_model_reload_bytes, 0 on CUDA, which writes an update into the loaded buffers); with no
+   device (device_free 0) or when that is smaller, fallback. */
+size_t eng_kv_auto_bytes(size_t device_free, size_t reload_bytes, size_t fallback);
 
 eng_kv_t *eng_kv_new(int n_blocks, int block_size);
 void eng_kv_destroy(eng_kv_t **self_p);

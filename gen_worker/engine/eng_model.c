@@ -18,16 +18,21 @@
     With graphs on (eng_model_set_graphs) and a backend that has graph_step, a decode-only step
     is padded to its bucket (eng_graph_pad; the pad tokens use one private KV block past the
     caller's) and its ops up to the logits run as one replayed graph; the graph key changes
-    whenever activations or pools are reallocated. A reload whose new set matches the loaded
-    one buffer for buffer (the usual RL update: same shapes and dtypes, new values) copies it
-    over the loaded buffers on the device (be->copy) and frees it, so the weights keep their
-    addresses and the captured graphs stay valid; any other reload swaps the sets and drops
-    every graph (a key's graph costs an eager run, a capture and an instantiation to rebuild).
+    whenever activations or pools are reallocated. On a backend whose weights are its own
+    copies (be->copy set: CUDA), a reload whose checkpoint matches the loaded set buffer for
+    buffer (the usual RL update: same shapes and dtypes, new values) is first checked tensor by
+    tensor with nothing written, then written straight into the loaded buffers: the weights
+    keep their addresses, so the captured graphs stay valid, and no second set is allocated,
+    so the KV pool need not leave room for one. Any other reload builds a new set, swaps it in
+    and drops every graph (a key's graph costs an eager run, a capture and an instantiation to
+    rebuild). A write that fails halfway leaves the weights mixed: the model then refuses to
+    run (the gen worker restarts).
 */
 #include "eng_model.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +44,7 @@
 #include "eng_safetensors.h"
 
 #define S_MAX_SHARDS 256
+#define S_DIFFERENT  1 /* a reload's tensor does not fit the loaded buffer: not an error */
 
 typedef struct {
     const void *p; /* backend pointer */
@@ -54,7 +60,7 @@ typedef struct {
     size_t bytes;
 } s_buf_t;
 
-typedef struct {
+typedef struct s_weights {
     eng_st_file_t *files[S_MAX_SHARDS];
     int n_files;
     s_w_t embed, final_norm, lm_head;
@@ -65,6 +71,11 @@ typedef struct {
     int n_stacked, cap_stacked, n_tensors;
     size_t bytes;   /* handed to the backend */
     double seconds; /* open + parse + upload, synced */
+    /* a reload in place (s_weights_load with `into`): this set's tensors go into the buffers
+       of `into`, the k-th handed / stacked one into its k-th; nothing is allocated or kept */
+    const struct s_weights *into;
+    bool write; /* false: only check that every tensor fits its buffer */
+    int k_handed, k_stacked;
 } s_weights_t;
 
 struct eng_model {
@@ -77,6 +88,7 @@ struct eng_model {
     /* activations, sized for cap_tok tokens / cap_rows rows */
     int cap_tok, cap_rows;
     int linear; /* matmuls through be->linear (eng_linear_enabled) */
+    bool broken; /* a reload in place failed halfway: the weights are mixed, nothing runs */
     /* graph decode */
     int graphs;
     uint64_t graph_key; /* bumped when a buffer the ops use moves */
@@ -169,6 +181,23 @@ static int s_get(eng_model_t *self,
     int rc = s_find(w, &t, name, d0, d1, err, errlen);
     if (rc)
         return rc;
+    if (w->into) {
+        int k = w->k_handed++;
+        if (k >= w->into->n_handed || w->into->handed[k].bytes != t->nbytes) {
+            snprintf(err, errlen, "weight '%s' differs in size from the loaded one", name);
+            return S_DIFFERENT;
+        }
+        void *dst = w->into->handed[k].p;
+        if (w->write && self->be->weight_into(self->be, dst, t->data, t->nbytes)) {
+            snprintf(err, errlen, "backend cannot take weight '%s'", name);
+            return -EIO;
+        }
+        w->bytes += t->nbytes;
+        w->n_tensors++;
+        out->p = dst;
+        out->dt = t->dtype;
+        return 0;
+    }
     void *p = self->be->weight(self->be, t->data, t->nbytes);
     if (!p || s_keep(&w->handed, &w->n_handed, &w->cap_handed, p, t->nbytes)) {
         if (p)
@@ -202,8 +231,17 @@ static int s_get_stacked(eng_model_t *self, s_weights_t *w, s_w_t *out, char nam
         total += t[i]->nbytes;
     }
     eng_backend_t *be = self->be;
-    char *p = be->alloc(be, total);
-    if (!p || s_keep(&w->stacked, &w->n_stacked, &w->cap_stacked, p, total)) {
+    char *p;
+    if (w->into) {
+        int k = w->k_stacked++;
+        if (k >= w->into->n_stacked || w->into->stacked[k].bytes != total) {
+            snprintf(err, errlen, "weight '%s' (stacked) differs in size from the loaded one",
+                     names[0]);
+            return S_DIFFERENT;
+        }
+        p = w->into->stacked[k].p;
+    } else if (!(p = be->alloc(be, total)) ||
+               s_keep(&w->stacked, &w->n_stacked, &w->cap_stacked, p, total)) {
         be->free(be, p);
         snprintf(err, errlen, "backend cannot take weight '%s' (%zu bytes stacked)", names[0],
                  total);
@@ -211,7 +249,7 @@ static int s_get_stacked(eng_model_t *self, s_weights_t *w, s_w_t *out, char nam
     }
     size_t off = 0;
     for (int i = 0; i < n; i++) {
-        int rc = be->weight_into(be, p + off, t[i]->data, t[i]->nbytes);
+        int rc = w->into && !w->write ? 0 : be->weight_into(be, p + off, t[i]->data, t[i]->nbytes);
         if (rc) {
             snprintf(err, errlen, "backend cannot take weight '%s'", names[i]);
             return rc;
@@ -290,16 +328,29 @@ out:
     return rc;
 }
 
-static s_weights_t *s_weights_load(eng_model_t *self, const char *dir, char *err, size_t errlen)
+/* Opens the checkpoint in dir and hands every tensor to the backend (a new set), or, with
+   `into`, checks (write false) or writes (write true) each into the buffer of the loaded set
+   `into` that holds it. NULL on failure with the reason in err and the code in *rc_out
+   (S_DIFFERENT: a tensor's size differs from its buffer in `into`). */
+static s_weights_t *s_weights_load(eng_model_t *self,
+                                   const char *dir,
+                                   const s_weights_t *into,
+                                   bool write,
+                                   int *rc_out,
+                                   char *err,
+                                   size_t errlen)
 {
     const eng_model_config_t *c = &self->cfg;
     uint64_t t0 = anv_now_ns();
     s_weights_t *w = calloc(1, sizeof(*w));
+    *rc_out = -ENOMEM;
     if (!w || !(w->layers = calloc((size_t)c->n_layers, sizeof(s_layer_t)))) {
         snprintf(err, errlen, "out of memory");
         free(w);
         return NULL;
     }
+    w->into = into;
+    w->write = write;
     int rc = s_open_files(w, dir, err, errlen);
     if (rc)
         goto fail;
@@ -345,6 +396,7 @@ static s_weights_t *s_weights_load(eng_model_t *self, const char *dir, char *err
                 goto fail;
             if (L->bqkv.dt != L->wqkv.dt) {
                 snprintf(err, errlen, "layer %d: q/k/v bias dtype differs from the weight's", l);
+                rc = ANV_EFORMAT;
                 goto fail;
             }
         }
@@ -356,16 +408,27 @@ static s_weights_t *s_weights_load(eng_model_t *self, const char *dir, char *err
         if ((rc = s_get(self, w, &L->wd, n, H, F, err, errlen)))
             goto fail;
     }
+    if (into && (w->k_handed != into->n_handed || w->k_stacked != into->n_stacked)) {
+        snprintf(err, errlen, "the checkpoint has %d + %d buffers, the loaded set %d + %d",
+                 w->k_handed, w->k_stacked, into->n_handed, into->n_stacked);
+        rc = S_DIFFERENT;
+        goto fail;
+    }
     if (self->be->sync(self->be)) { /* the uploads are asynchronous on a device */
         snprintf(err, errlen, "backend failed while uploading the weights");
+        rc = -EIO;
         goto fail;
     }
     w->seconds = (anv_now_ns() - t0) * 1e-9;
-    ANV_INFO("weights: %d tensors from %d file(s), %.2f GB in %.3f s (%.2f GB/s) on %s",
-             w->n_tensors, w->n_files, w->bytes / 1e9, w->seconds,
-             w->seconds > 0 ? w->bytes / 1e9 / w->seconds : 0.0, self->be->name);
+    if (!into || write)
+        ANV_INFO("weights: %d tensors from %d file(s), %.2f GB in %.3f s (%.2f GB/s) on %s%s",
+                 w->n_tensors, w->n_files, w->bytes / 1e9, w->seconds,
+                 w->seconds > 0 ? w->bytes / 1e9 / w->seconds : 0.0, self->be->name,
+                 into ? ", into the loaded buffers" : "");
+    *rc_out = 0;
     return w;
 fail:
+    *rc_out = rc ? rc : ANV_EFORMAT;
     s_weights_free(self->be, &w);
     return NULL;
 }
@@ -376,43 +439,52 @@ static bool s_w_alike(const s_w_t *a, const s_w_t *b)
     return !a->p == !b->p && (!a->p || a->dt == b->dt);
 }
 
-/* Copies weight set w over old when they match buffer for buffer (count, order and bytes of
-   the handed and stacked buffers, each tensor's dtype; the caller checked the shapes), on a
-   backend that can (be->copy), then gives old w's files and figures and frees w with old's
-   files. Returns 1 when done (w freed), 0 when the sets differ or the backend cannot (nothing
-   changed), or a negative code when a copy failed (old's values are then mixed: the caller
-   must swap in w). */
-static int s_weights_overwrite(eng_model_t *self, s_weights_t *old, s_weights_t **wp)
+/* True when sets a and b hold the same tensors in the same dtypes (tied or not alike). */
+static bool s_weights_alike(const eng_model_t *self, const s_weights_t *a, const s_weights_t *b)
 {
-    eng_backend_t *be = self->be;
-    s_weights_t *w = *wp;
-    if (!be->copy || old->n_handed != w->n_handed || old->n_stacked != w->n_stacked ||
-        !s_w_alike(&old->embed, &w->embed) || !s_w_alike(&old->final_norm, &w->final_norm) ||
-        !s_w_alike(&old->lm_head, &w->lm_head) ||
-        (old->lm_head.p == old->embed.p) != (w->lm_head.p == w->embed.p))
-        return 0;
+    if (!s_w_alike(&a->embed, &b->embed) || !s_w_alike(&a->final_norm, &b->final_norm) ||
+        !s_w_alike(&a->lm_head, &b->lm_head) ||
+        (a->lm_head.p == a->embed.p) != (b->lm_head.p == b->embed.p))
+        return false;
     for (int l = 0; l < self->cfg.n_layers; l++) {
-        const s_layer_t *a = &old->layers[l], *b = &w->layers[l];
-        if (!s_w_alike(&a->in_norm, &b->in_norm) || !s_w_alike(&a->post_norm, &b->post_norm) ||
-            !s_w_alike(&a->wqkv, &b->wqkv) || !s_w_alike(&a->bqkv, &b->bqkv) ||
-            !s_w_alike(&a->wo, &b->wo) || !s_w_alike(&a->wgu, &b->wgu) ||
-            !s_w_alike(&a->wd, &b->wd))
-            return 0;
+        const s_layer_t *x = &a->layers[l], *y = &b->layers[l];
+        if (!s_w_alike(&x->in_norm, &y->in_norm) || !s_w_alike(&x->post_norm, &y->post_norm) ||
+            !s_w_alike(&x->wqkv, &y->wqkv) || !s_w_alike(&x->bqkv, &y->bqkv) ||
+            !s_w_alike(&x->wo, &y->wo) || !s_w_alike(&x->wgu, &y->wgu) ||
+            !s_w_alike(&x->wd, &y->wd))
+            return false;
     }
-    for (int i = 0; i < w->n_handed; i++)
-        if (old->handed[i].bytes != w->handed[i].bytes)
-            return 0;
-    for (int i = 0; i < w->n_stacked; i++)
-        if (old->stacked[i].bytes != w->stacked[i].bytes)
-            return 0;
-    for (int i = 0; i < w->n_handed; i++)
-        if (be->copy(be, old->handed[i].p, w->handed[i].p, w->handed[i].bytes))
-            return ANV_EINTERNAL;
-    for (int i = 0; i < w->n_stacked; i++)
-        if (be->copy(be, old->stacked[i].p, w->stacked[i].p, w->stacked[i].bytes))
-            return ANV_EINTERNAL;
-    if (be->sync(be))
-        return ANV_EINTERNAL;
+    return true;
+}
+
+/* Writes the checkpoint in dir into the loaded weights' own buffers, on a backend whose weights
+   are its own copies (be->copy set: CUDA), so the weights keep their addresses (captured
+   decode graphs stay valid) and a reload needs no second set's memory. First every tensor is
+   found and checked against its buffer (size, dtype; shapes by s_find) with nothing written,
+   then all are written. Returns 0 when done, S_DIFFERENT when the sets differ (nothing
+   written), or a negative code: before any write (nothing changed), or when a write failed,
+   in which case the weights are part old, part new and self->broken is set. */
+static int s_weights_reload_in_place(eng_model_t *self, const char *dir, char *err, size_t errlen)
+{
+    int rc;
+    s_weights_t *chk = s_weights_load(self, dir, self->w, false, &rc, err, errlen);
+    if (!chk)
+        return rc;
+    bool alike = s_weights_alike(self, self->w, chk);
+    s_weights_free(self->be, &chk);
+    if (!alike) {
+        snprintf(err, errlen, "a tensor's dtype differs from the loaded one's");
+        return S_DIFFERENT;
+    }
+    s_weights_t *w = s_weights_load(self, dir, self->w, true, &rc, err, errlen);
+    if (!w) {
+        self->broken = true;
+        ANV_ERROR("weights: writing '%s' over the loaded set failed (%s): the weights are "
+                  "mixed, the model refuses to run",
+                  dir, err);
+        return rc < 0 ? rc : ANV_EINTERNAL;
+    }
+    s_weights_t *old = self->w;
     for (int i = 0; i < S_MAX_SHARDS; i++) { /* old keeps the new checkpoint's mappings */
         eng_st_file_t *f = old->files[i];
         old->files[i] = w->files[i], w->files[i] = f;
@@ -420,8 +492,8 @@ static int s_weights_overwrite(eng_model_t *self, s_weights_t *old, s_weights_t 
     const int nf = old->n_files;
     old->n_files = w->n_files, w->n_files = nf;
     old->bytes = w->bytes, old->seconds = w->seconds, old->n_tensors = w->n_tensors;
-    s_weights_free(be, wp);
-    return 1;
+    s_weights_free(self->be, &w); /* closes the old checkpoint's files; frees no buffer */
+    return 0;
 }
 
 /* --- lifecycle ----------------------------------------------------------------------------- */
@@ -466,7 +538,8 @@ eng_model_t *eng_model_new(const char *dir, eng_backend_t *be, char *err, size_t
     self->linear = eng_linear_enabled(be);
     if (eng_config_load(dir, &self->cfg, err, errlen))
         goto fail;
-    self->w = s_weights_load(self, dir, err, errlen);
+    int rc;
+    self->w = s_weights_load(self, dir, NULL, false, &rc, err, errlen);
     if (!self->w)
         goto fail;
     return self;
@@ -510,31 +583,42 @@ int eng_model_reload(eng_model_t *self, const char *dir, char *err, size_t errle
                  dir);
         return ANV_EFORMAT;
     }
-    s_weights_t *w = s_weights_load(self, dir, err, errlen);
-    if (!w)
-        return ANV_EFORMAT;
     /* in place only where the scalars the graphs hold as kernel arguments are the same too */
     const bool same_scalars = cfg.rope_theta == self->cfg.rope_theta &&
                               cfg.rms_eps == self->cfg.rms_eps &&
                               cfg.qkv_bias == self->cfg.qkv_bias;
-    const uint64_t t0 = anv_now_ns();
-    rc = same_scalars ? s_weights_overwrite(self, self->w, &w) : 0;
-    if (rc == 1) {
-        ANV_INFO("weights reloaded in place (%.2f GB copied on the device in %.3f s): the "
-                 "decode graphs stay",
-                 self->w->bytes / 1e9, (anv_now_ns() - t0) * 1e-9);
-        self->cfg = cfg;
-        return 0;
+    if (same_scalars && self->be->copy) {
+        rc = s_weights_reload_in_place(self, dir, err, errlen);
+        if (rc == 0) {
+            ANV_INFO("weights reloaded in place: the decode graphs stay");
+            self->cfg = cfg;
+            return 0;
+        }
+        if (rc != S_DIFFERENT)
+            return self->broken ? ANV_EINTERNAL : ANV_EFORMAT;
+        ANV_INFO("weights: %s; loading a new set", err);
     }
-    if (rc < 0)
-        ANV_WARN("weights: the copy in place failed (%s); swapping in the new set",
-                 anv_strerror(rc));
+    s_weights_t *w = s_weights_load(self, dir, NULL, false, &rc, err, errlen);
+    if (!w) {
+        if (rc == -ENOMEM && self->be->copy) { /* the engine's pool left no room for it */
+            size_t n = strlen(err);
+            snprintf(err + n, errlen - n,
+                     " (a reload that differs from the loaded set in a tensor's size or dtype "
+                     "needs room for a second set: give the KV pool less, --kv-mb)");
+        }
+        return ANV_EFORMAT;
+    }
     if (self->be->graph_reset)
         self->be->graph_reset(self->be); /* the graphs hold the old weights' pointers */
     s_weights_free(self->be, &self->w);
     self->w = w;
     self->cfg = cfg;
     return 0;
+}
+
+size_t eng_model_reload_bytes(const eng_model_t *self)
+{
+    return self->be->copy || !self->w ? 0 : self->w->bytes;
 }
 
 void eng_model_load_stats(const eng_model_t *self, size_t *bytes, double *seconds)
@@ -772,6 +856,8 @@ static int s_record(void *ctx)
 /* The step's ops up to the logits of its rows (self->logits, backend memory), graphed or not. */
 static int s_run(eng_model_t *self, const eng_forward_t *b)
 {
+    if (self->broken)
+        return ANV_EINTERNAL;
     int rc = s_check_batch(self, b);
     if (rc)
         return rc;

@@ -38,8 +38,15 @@ void eng_model_destroy(eng_model_t **self_p);
 const eng_model_config_t *eng_model_config(const eng_model_t *self);
 
 /* Replaces the weights with those of dir (same architecture and shapes, else an error and the
-   old weights stay). KV contents become stale: the caller drops them. */
+   old weights stay). KV contents become stale: the caller drops them. On a backend whose
+   weights are its own copies, a checkpoint of the loaded set's sizes and dtypes is checked
+   whole, then written into the loaded buffers (no second set in memory); ANV_EINTERNAL when
+   that write failed halfway, after which every forward fails. */
 int eng_model_reload(eng_model_t *self, const char *dir, char *err, size_t errlen);
+
+/* Memory a reload of the loaded set's sizes and dtypes allocates while the old set is still
+   loaded: 0 where it is written in place, else the weights' bytes. */
+size_t eng_model_reload_bytes(const eng_model_t *self);
 
 /* Bytes and seconds (files opened, headers checked, every tensor on the backend, synced) of
    the last weight load. */

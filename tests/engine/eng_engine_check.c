@@ -1,7 +1,11 @@
 /*  eng_engine_check.c - test driver for the engine API paths the CLI does not reach:
     weight reloads with versions, cancel by request id, explicit per-sample seeds.
 
-      eng_engine_check reload DIR_A DIR_B   greedy on A, load B as version 7, greedy again
+      eng_engine_check reload DIR_A DIR_B [DIR_BAD]
+                                            greedy on A, load B as version 7, greedy again,
+                                            then a load of /nonexistent and one of DIR_BAD (a
+                                            broken checkpoint of B's config) must fail, and
+                                            greedy "c" runs on B
       eng_engine_check cancel DIR           cancel one of two requests mid-flight
       eng_engine_check seeds DIR            duplicate explicit seeds refused, distinct accepted
       eng_engine_check cancel_late DIR      cancel a group after one of its samples finished
@@ -80,7 +84,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         return 1;
     }
-    if (strcmp(argv[1], "reload") == 0 && argc == 4) {
+    if (strcmp(argv[1], "reload") == 0 && (argc == 4 || argc == 5)) {
         eng_request_t r = s_greedy("a", 12);
         if (eng_engine_submit(e, &r, err, sizeof(err)) || s_run(e, &n))
             goto out;
@@ -99,6 +103,17 @@ int main(int argc, char **argv)
             goto out;
         fprintf(stderr, "refused as expected: %s\n", err);
         if (eng_engine_weight_version(e) != 7)
+            goto out;
+        /* a checkpoint that passes the config check but not the tensors' is refused before
+           anything is written: the weights are still B's */
+        if (argc == 5) {
+            if (eng_engine_load_weights(e, argv[4], 9, err, sizeof(err)) == 0)
+                goto out;
+            fprintf(stderr, "broken checkpoint refused as expected: %s\n", err);
+        }
+        r = s_greedy("c", 12);
+        if (eng_engine_weight_version(e) != 7 || eng_engine_submit(e, &r, err, sizeof(err)) ||
+            s_run(e, &n))
             goto out;
     } else if (strcmp(argv[1], "cancel") == 0) {
         eng_request_t r1 = s_greedy("keep", 10), r2 = s_greedy("drop", 1000);

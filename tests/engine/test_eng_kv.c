@@ -125,8 +125,9 @@ static void test_enospc_changes_nothing(void **state)
     eng_kv_destroy(&kv);
 }
 
-/* the default pool: a GPU's free memory less 10 %, 4 GiB and a second copy of the weights
-   (a weight update's new copy); no device or too little: the fallback */
+/* the default pool: a GPU's free memory less 10 %, 4 GiB and what a weight update allocates
+   beside the loaded set (a second copy where it cannot be written in place); no device or too
+   little: the fallback */
 static void test_auto_bytes(void **state)
 {
     (void)state;

@@ -25,9 +25,19 @@ def _run(check_bin, *args):
     return [json.loads(x) for x in lines[:-1]], p.stderr
 
 
-def test_reload_weights(check_bin, models):
+def _truncated_copy(src, dst):
+    """src with its safetensors file cut short (a checkpoint still being written)."""
+    import shutil
+    shutil.copytree(src, dst)
+    st = os.path.join(dst, "model.safetensors")
+    os.truncate(st, os.path.getsize(st) - 64)
+    return dst
+
+
+def test_reload_weights(check_bin, models, tmp_path):
     a, b = models["llama"], models["llama_fp32"]  # same shapes, other weights
-    out, err = _run(check_bin, "reload", a, b)
+    bad = _truncated_copy(a, str(tmp_path / "bad"))  # A's values: a write would show in "c"
+    out, err = _run(check_bin, "reload", a, b, bad)
     got = {(s["id"], s["index"]): s for s in out}
     only_b, _ = _run(check_bin, "reload", b, b)
     ref = {(s["id"], s["index"]): s for s in only_b}
@@ -38,6 +48,11 @@ def test_reload_weights(check_bin, models):
     # 'mid' had its first tokens under version 3, the rest recomputed and decoded under 7
     assert got[("mid", 0)]["first_version"] == 3 and got[("mid", 0)]["version"] == 7
     assert "refused as expected" in err
+    # the truncated copy of A was refused and "c" ran on B's weights, as in the run that
+    # had B throughout and no broken load
+    assert "broken checkpoint refused as expected" in err and "truncated" in err, err
+    assert got[("c", 0)]["version"] == 7
+    assert got[("c", 0)]["tokens"] == ref[("c", 0)]["tokens"] == ref[("b", 0)]["tokens"]
 
 
 def test_cancel(check_bin, models):

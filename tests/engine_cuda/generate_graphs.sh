@@ -1,5 +1,6 @@
 #!/bin/bash
-# generate_graphs.sh - anvil-generate on the cuda backend with and without --cuda-graphs.
+# generate_graphs.sh - anvil-generate on the cuda backend with --cuda-graphs (the default) and
+# with --no-cuda-graphs.
 #
 # Usage: generate_graphs.sh PATH/anvil-generate. Makes a small random Llama checkpoint
 # (tiny_model.py, head_dim 64 as the CUDA attention wants), then for 1, 3 and 16 prompts
@@ -18,7 +19,7 @@ for n in 1 3 16; do
             >> "$tmp/p$n.jsonl"
     done
     for g in off on; do
-        flag=""; [ $g = on ] && flag=--cuda-graphs
+        flag=--no-cuda-graphs; [ $g = on ] && flag=--cuda-graphs
         "$gen" --model "$tmp/model" --backend "$backend" --prompts "$tmp/p$n.jsonl" --max-tokens 64 \
             --temperature 0 --ignore-eos --json $flag > "$tmp/out_${n}_${g}.jsonl" 2> "$tmp/err_${n}_${g}" \
             || { echo "FAIL: batch $n graphs $g: anvil-generate failed"; cat "$tmp/err_${n}_${g}"; fail=1; }

@@ -24,7 +24,7 @@ with open(sys.argv[1], "w") as f:
 PY
 fail=0
 for g in off on; do
-    flag=""; [ $g = on ] && flag=--cuda-graphs
+    flag=--no-cuda-graphs; [ $g = on ] && flag=--cuda-graphs
     for grp in 1 0; do
         out="$tmp/out_${g}_$grp"
         ANVIL_CUDA_ATTN_GROUP=$grp "$gen" --model "$tmp/model" --backend "$backend" \

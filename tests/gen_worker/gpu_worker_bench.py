@@ -3,7 +3,8 @@
 alone and anvil-bench-engine on the same workload, in one run (issue 8's worker-overhead ratio).
 
     gpu_worker_bench.py --bin DIR --out DIR [--model CKPT | --write CKPT] [--prompts 64]
-                        [--n 8] [--prompt-tokens 1024] [--new 256] [--cuda-graphs] [--dry]
+                        [--n 8] [--prompt-tokens 1024] [--new 256] [--no-cuda-graphs]
+                        [--worker ARGS]... [--engine ARGS]... [--skip RUNS] [--dry]
 
 DIR holds anvil, anvil-broker, anvil-gen-worker, anvil-generate, anvil-bench-engine and
 redis-server (a relocatable bundle's bin/, or a build tree: found by name under DIR). One
@@ -19,6 +20,11 @@ workload, three runs, each printed as one line, then a `ratio` line:
            weights of the same shape (its own fused model).
 Sampling: temperature 1, no truncation, so random weights almost never draw EOS and every
 sample runs to --new tokens; the lines say how many tokens each run generated.
+The worker and engine runs use the binaries' defaults (CUDA graphs on, the engine's max-seqs,
+the worker's slots); --no-cuda-graphs turns graphs off in all three. Each --worker ARGS (or
+--engine ARGS) adds a run with those extra flags (split on spaces), named "worker ARGS": e.g.
+--worker "" --worker "--slots 16 --no-cuda-graphs --max-seqs 256" compares the worker at its
+defaults with the defaults it had before 2026-12-07. The ratio line uses the first of each.
 --write CKPT first writes the 8B-shaped random checkpoint (tiny_model.py --shape
 seed-coder-8b) and reports the time. --dry runs everything on the CPU backend at a tiny shape
 (a check of this script; its figures mean nothing). Logs go to --out. Prints figures and
@@ -103,23 +109,24 @@ def write_prompts(path, gen, model, n_prompts, want_tokens):
     return lengths[0]
 
 
-def run_worker(a, out, work, bindir, model, prompts, backend):
+def run_worker(a, out, work, bindir, model, prompts, backend, args, k):
     os.environ["ANVIL_BUILD_DIR"] = layout(bindir, work)
     os.environ["PATH"] = os.path.dirname(find(bindir, "redis-server")) + ":" + os.environ["PATH"]
     sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
     import anvil_cluster
 
-    c = anvil_cluster.Cluster(os.path.join(work, "cluster"))
+    c = anvil_cluster.Cluster(os.path.join(work, "cluster%d" % k))
     try:
         c.start_redis()
         c.start_broker()
-        extra = ["--backend", backend, "--slots", str(a.prompts), "--max-tokens", str(a.new)]
+        extra = ["--backend", backend, "--max-tokens", str(a.new)]
         if backend == "cuda":
             extra += ["--gpu", "0"]
         else:
-            extra += ["--threads", str(os.cpu_count() or 2)]
-        if a.cuda_graphs:
-            extra.append("--cuda-graphs")
+            extra += ["--threads", str(os.cpu_count() or 2), "--slots", str(a.prompts)]
+        if a.no_cuda_graphs:
+            extra.append("--no-cuda-graphs")
+        extra += args
         t_start = time.time()
         c.start_gen_worker("gen0", model, *extra)
         c.wait_workers(1, "gen", timeout=600)
@@ -149,42 +156,46 @@ def run_worker(a, out, work, bindir, model, prompts, backend):
         for r in res:
             finish[r.get("finish_reason")] = finish.get(r.get("finish_reason"), 0) + 1
         ok = st.get("state") == "done" and len(res) == a.prompts * a.n
-        r = {"run": "worker", "ok": ok, "state": st.get("state"), "samples": len(res),
+        r = {"run": " ".join(["worker"] + args), "ok": ok, "state": st.get("state"), "samples": len(res),
              "generated": gen, "wall_s": round(t1 - t0, 3),
              "tok_s": round(gen / (t1 - t0), 1) if t1 > t0 else 0,
              "ready_s": round(t_ready - t_start, 1), "finish": finish}
-        weights = [l for l in c.log("gen0").splitlines() if "weights:" in l]
-        if weights:
-            r["weights_line"] = weights[-1][-200:]
+        for key, tag in (("weights_line", "weights:"), ("ready_line", "engine ready in")):
+            lines = [l for l in c.log("gen0").splitlines() if tag in l]
+            if lines:
+                r[key] = lines[-1][-240:]
         return r
     finally:
         for name in ("gen0", "broker"):
             try:
-                shutil.copy(os.path.join(c.dir, name + ".log"), os.path.join(out, name + ".log"))
+                shutil.copy(os.path.join(c.dir, name + ".log"),
+                            os.path.join(out, "%s%s.log" % (name, k or "")))
             except OSError:
                 pass
         c.close()
 
 
-def run_engine(a, out, gen, model, prompts, backend):
+def run_engine(a, out, gen, model, prompts, backend, extra, k):
     args = [gen, "--model", model, "--prompts", prompts + ".generate", "--n", str(a.n), "--max-tokens",
             str(a.new), "--temperature", "1.0", "--seed", "1", "--backend", backend, "--json"]
-    if a.cuda_graphs:
-        args.append("--cuda-graphs")
+    if a.no_cuda_graphs:
+        args.append("--no-cuda-graphs")
+    args += extra
     t0 = time.time()
-    with open(os.path.join(out, "engine.jsonl"), "w") as so, \
-            open(os.path.join(out, "engine.log"), "w") as se:
+    name = os.path.join(out, "engine%s" % (k or ""))
+    with open(name + ".jsonl", "w") as so, open(name + ".log", "w") as se:
         p = subprocess.run(args, stdout=so, stderr=se, timeout=1200)
     wall = time.time() - t0
-    err = open(os.path.join(out, "engine.log")).read()
+    err = open(name + ".log").read()
     n = gen_tok = 0
-    with open(os.path.join(out, "engine.jsonl")) as f:
+    with open(name + ".jsonl") as f:
         for line in f:
             if line.startswith("{"):
                 n += 1
                 gen_tok += len(json.loads(line)["token_ids"])
     m = re.search(r"([0-9.]+) tok(?:ens)?/s", err)
-    return {"run": "engine", "ok": p.returncode == 0 and n == a.prompts * a.n, "samples": n,
+    return {"run": " ".join(["engine"] + extra), "ok": p.returncode == 0 and n == a.prompts * a.n,
+            "samples": n,
             "generated": gen_tok, "wall_s": round(wall, 3),
             "tok_s": float(m.group(1)) if m else None,
             "figures_line": next((l[-300:] for l in err.splitlines() if "tok" in l and "/s" in l),
@@ -197,7 +208,7 @@ def run_bench(a, out, bench, prompt_len, dry):
             "--grpo-prompt", str(prompt_len), "--grpo-min-new", str(a.new),
             "--grpo-max-new", str(a.new), "--grpo-max-batch", str(a.prompts * a.n)]
     args += ["--backend", "cpu", "--shape", "tiny"] if dry else ["--shape", "8b"]
-    if a.cuda_graphs:
+    if not a.no_cuda_graphs:
         args.append("--cuda-graphs")
     with open(os.path.join(out, "bench.log"), "w") as se:
         p = subprocess.run(args, stdout=subprocess.PIPE, stderr=se, text=True, timeout=1200)
@@ -222,7 +233,11 @@ def main():
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--new", type=int, default=256)
-    ap.add_argument("--cuda-graphs", action="store_true")
+    ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--worker", action="append", default=None,
+                    help="a worker run with these extra flags (repeatable)")
+    ap.add_argument("--engine", action="append", default=None,
+                    help="an engine (anvil-generate) run with these extra flags (repeatable)")
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated runs to leave out")
     ap.add_argument("--worker-timeout", type=int, default=1200,
@@ -264,25 +279,32 @@ def main():
     prompts = os.path.join(out, "prompts.jsonl")
     plen = write_prompts(prompts, gen, model, a.prompts, a.prompt_tokens)
     log(out, "workload: %d prompts x %d samples, prompt %d tokens, %d new tokens, graphs %s"
-        % (a.prompts, a.n, plen, a.new, "on" if a.cuda_graphs else "off"))
+        % (a.prompts, a.n, plen, a.new, "off" if a.no_cuda_graphs else "on"))
     results = []
     skip = set(a.skip.split(","))
-    for name, fn in (("worker", lambda: run_worker(a, out, work, bindir, model, prompts,
-                                                   backend)),
-                     ("engine", lambda: run_engine(a, out, gen, model, prompts, backend)),
-                     ("bench", lambda: run_bench(a, out, bench, plen, a.dry))):
+    plan = []
+    for k, w in enumerate(a.worker if a.worker is not None else [""]):
+        plan.append(("worker", w.split(), lambda w=w.split(), k=k: run_worker(
+            a, out, work, bindir, model, prompts, backend, w, k)))
+    for k, e in enumerate(a.engine if a.engine is not None else [""]):
+        plan.append(("engine", e.split(), lambda e=e.split(), k=k: run_engine(
+            a, out, gen, model, prompts, backend, e, k)))
+    plan.append(("bench", [], lambda: run_bench(a, out, bench, plen, a.dry)))
+    first = {}
+    for name, args, fn in plan:
         if name in skip:
             continue
         t0 = time.time()
         try:
             r = fn()
         except Exception as e:  # a run that breaks is reported, the others still run
-            r = {"run": name, "ok": False, "error": repr(e)[-500:]}
+            r = {"run": " ".join([name] + args), "ok": False, "error": repr(e)[-500:]}
+        first.setdefault(name, r)
         r["run_s"] = round(time.time() - t0, 1)
         results.append(r)
         print(json.dumps(r), flush=True)
         log(out, json.dumps(r))
-    by = {r["run"]: r for r in results}
+    by = first
 
     def ratio(x, y):
         tx, ty = by.get(x, {}).get("tok_s"), by.get(y, {}).get("tok_s")

@@ -248,13 +248,21 @@ def test_gpu_worker_bench_dry(tmp_path):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_worker_bench.py")
     p = subprocess.run([sys.executable, script, "--bin", str(bins), "--out", str(out),
                         "--write", str(tmp_path / "model"), "--dry", "--prompts", "6", "--n",
-                        "3", "--prompt-tokens", "64", "--new", "10"],
+                        "3", "--prompt-tokens", "64", "--new", "10",
+                        "--worker", "", "--worker", "--slots 2 --max-seqs 4",
+                        "--engine", "", "--engine", "--max-seqs 2"],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     lines = {d["run"]: d for d in (json.loads(l) for l in p.stdout.splitlines()
                                    if l.startswith("{"))}
-    for run in ("worker", "engine", "bench"):
+    runs = ("worker", "worker --slots 2 --max-seqs 4", "engine", "engine --max-seqs 2", "bench")
+    for run in runs:
         assert lines[run]["ok"] and lines[run]["generated"] == 6 * 3 * 10, lines[run]
         assert lines[run]["tok_s"] > 0
     assert lines["worker"]["finish"] == {"length": 18}
+    # the variants' flags reached the worker and the engine
+    assert "6 slots, 256 sequences at once" in lines["worker"]["ready_line"], lines["worker"]
+    assert "2 slots, 4 sequences at once" in lines["worker --slots 2 --max-seqs 4"]["ready_line"]
+    assert "(max-seqs 256)" in lines["engine"]["figures_line"], lines["engine"]
+    assert "(max-seqs 2)" in lines["engine --max-seqs 2"]["figures_line"]
     assert lines["ratio"]["worker_over_engine"] > 0

@@ -32,7 +32,7 @@ typedef struct {
     char *model, *prompt, *prompts, *tokenize, *tokenize_jsonl, *backend, *seed, *stop, *log_level,
         *kv_dtype;
     int64_t max_tokens, top_k, n, threads, block_size, kv_blocks, max_batch_tokens, max_context,
-        top_logprobs;
+        top_logprobs, max_seqs;
     double temperature, top_p, min_p;
     bool chat, json, ignore_eos, no_prefix_sharing, cuda_graphs;
 } s_args_t;
@@ -338,12 +338,12 @@ static int s_generate(eng_engine_t *e, const s_args_t *a, eng_request_t base)
     eng_engine_stats(e, &st);
     ANV_INFO("generated %lld tokens in %.3f s (%.1f tok/s), %lld tokens through the model, "
              "%lld steps, kv peak %d of %d blocks (%.2f MiB of %.2f MiB, %zu bytes/block), "
-             "%lld preemptions",
+             "%lld preemptions, %d sequences in a step at most (max-seqs %d)",
              st.generated_tokens, secs, secs > 0 ? (double)st.generated_tokens / secs : 0.0,
              st.processed_tokens, steps, st.peak_blocks, st.total_blocks,
              (double)st.peak_blocks * (double)st.bytes_per_block / 1048576.0,
              (double)st.total_blocks * (double)st.bytes_per_block / 1048576.0, st.bytes_per_block,
-             st.preemptions);
+             st.preemptions, st.peak_batch_seqs, st.max_seqs);
     return 0;
 }
 
@@ -382,7 +382,10 @@ int main(int argc, char **argv)
         {"max-context", ANV_CFG_INT, "0", 0, 1 << 24, "0 = the model's", &a.max_context, false},
         {"no-prefix-sharing", ANV_CFG_BOOL, "false", 0, 0, "prefill each sample separately",
          &a.no_prefix_sharing, false},
-        {"cuda-graphs", ANV_CFG_BOOL, "false", 0, 0, "decode steps as CUDA graphs (cuda backend)",
+        {"max-seqs", ANV_CFG_INT, "0", 0, 1 << 20,
+         "running sequences at most (0 = 512 on cuda, 256 on cpu)", &a.max_seqs, false},
+        {"cuda-graphs", ANV_CFG_BOOL, "true", 0, 0,
+         "decode steps as CUDA graphs (cuda backend; --no-cuda-graphs runs them eagerly)",
          &a.cuda_graphs, false},
         {"json", ANV_CFG_BOOL, "false", 0, 0, "one JSON line per sample", &a.json, false},
         {"tokenize", ANV_CFG_STR, "", 0, 0, "print the ids of TEXT and exit", &a.tokenize, false},
@@ -446,9 +449,10 @@ int main(int argc, char **argv)
         .n_blocks = (int)a.kv_blocks,
         .kv_dtype = a.kv_dtype,
         .max_batch_tokens = (int)a.max_batch_tokens,
+        .max_seqs = (int)a.max_seqs,
         .max_context = (int)a.max_context,
         .no_prefix_sharing = a.no_prefix_sharing,
-        .cuda_graphs = a.cuda_graphs,
+        .cuda_graphs = a.cuda_graphs && !strcmp(a.backend, "cuda"),
     };
     e = eng_engine_new(&eo, err, sizeof(err));
     if (!e) {
