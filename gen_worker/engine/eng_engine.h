@@ -11,8 +11,11 @@
 
     Seeds: each sample has its own RNG. Its seed is request.seeds[i] when given (they must be
     distinct), else eng_seed_for_sample(request.seed, i), else (no seed) a random base from
-    getrandom(2): the n samples of a group never share a seed. A seeded request gives the same
-    tokens on every run, whatever else is in the batch.
+    getrandom(2): the n samples of a group never share a seed. On the CPU backend a seeded
+    request gives the same tokens on every run, whatever else is in the batch; on CUDA the
+    draws are the same but the products run other kernels by the step's row count (the GEMV at
+    one row, the skinny kernel at 2 to 8, cuBLASLt above, whose choice follows the shape), so
+    the logits' rounding and with it a request batched differently can draw other tokens.
 
     Weights: eng_engine_load_weights() swaps in a new checkpoint (same shapes) and stamps
     later tokens with its version; every sequence in flight is preempted so that its KV is

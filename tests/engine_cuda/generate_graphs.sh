@@ -5,8 +5,8 @@
 # Usage: generate_graphs.sh PATH/anvil-generate. Makes a small random Llama checkpoint
 # (tiny_model.py, head_dim 64 as the CUDA attention wants), then for 1, 3 and 16 prompts
 # generates 64 greedy tokens each (ignore-eos) twice and requires identical token ids.
-# Exit 77 without a GPU or without torch. BACKEND=cpu runs the same script on the CPU (the flag
-# is then ignored with a warning): how the script itself is checked without a GPU.
+# Exit 77 without a GPU or without torch. BACKEND=cpu runs the same script on the CPU (the flags
+# are then ignored): how the script itself is checked without a GPU.
 set -u
 gen=$1
 . "$(dirname "$0")/gen_common.sh"
