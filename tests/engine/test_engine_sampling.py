@@ -72,6 +72,18 @@ def test_stop_conditions(models, generate_bin):
     assert s["finish_reason"] == "stop"
     assert s["text"] == text[:text.index(stop)]
     assert len(s["token_ids"]) < 30
+    # stop token ids (end a sample like EOS, even with --ignore-eos): the free run's tokens up
+    # to and including the first occurrence of either id
+    ids = free["token_ids"]
+    k = len(ids) // 2
+    stop_ids = [ids[k], 999999]
+    first = min(i for i, t in enumerate(ids) if t in stop_ids)
+    s = samples(generate_bin, *base, "--ignore-eos", "--stop-ids",
+                ",".join(map(str, stop_ids)))[("0", 0)]
+    assert s["finish_reason"] == "eos" and s["token_ids"] == ids[:first + 1], s
+    for bad in ("1,,2", "x", "-3", ",".join(["5"] * 65)):
+        p = run_generate(generate_bin, *base, "--stop-ids", bad, check=False)
+        assert p.returncode == 2 and "--stop-ids" in p.stderr, (bad, p.stderr)
     # context length: prompt + generated reaches --max-context
     prompt = json.loads(run_generate(generate_bin, "--model", d, "--tokenize", "x = ",
                                      "--json").stdout)

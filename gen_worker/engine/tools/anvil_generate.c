@@ -16,6 +16,7 @@
 */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +30,8 @@
 #include "eng_engine.h"
 
 typedef struct {
-    char *model, *prompt, *prompts, *tokenize, *tokenize_jsonl, *backend, *seed, *stop, *log_level,
-        *kv_dtype;
+    char *model, *prompt, *prompts, *tokenize, *tokenize_jsonl, *backend, *seed, *stop, *stop_ids,
+        *log_level, *kv_dtype;
     int64_t max_tokens, top_k, n, threads, block_size, kv_blocks, max_batch_tokens, max_context,
         top_logprobs, max_seqs;
     double temperature, top_p, min_p;
@@ -366,6 +367,8 @@ int main(int argc, char **argv)
         {"seed", ANV_CFG_STR, "", 0, 0, "base seed (default: random)", &a.seed, false},
         {"n", ANV_CFG_INT, "1", 1, 4096, "samples per prompt", &a.n, false},
         {"stop", ANV_CFG_STR, "", 0, 0, "a stop string", &a.stop, false},
+        {"stop-ids", ANV_CFG_STR, "", 0, 0,
+         "token ids that end a sample like EOS (comma-separated, at most 64)", &a.stop_ids, false},
         {"ignore-eos", ANV_CFG_BOOL, "false", 0, 0, "do not stop on EOS", &a.ignore_eos, false},
         {"top-logprobs", ANV_CFG_INT, "0", 0, ENG_MAX_TOP_LOGPROBS, "top logprobs per token",
          &a.top_logprobs, false},
@@ -430,6 +433,26 @@ int main(int argc, char **argv)
     if (a.stop[0]) {
         base.stop = stops;
         base.n_stop = 1;
+    }
+    int32_t stop_ids[64];
+    if (a.stop_ids[0]) {
+        int n = 0;
+        for (const char *p = a.stop_ids; *p;) {
+            char *end;
+            errno = 0;
+            long v = strtol(p, &end, 10);
+            if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',') || n == 64) {
+                fprintf(stderr,
+                        "anvil-generate: --stop-ids '%s': want at most 64 comma-separated "
+                        "token ids\n",
+                        a.stop_ids);
+                goto out;
+            }
+            stop_ids[n++] = (int32_t)v;
+            p = *end ? end + 1 : end;
+        }
+        base.stop_ids = stop_ids;
+        base.n_stop_ids = n;
     }
     if (a.seed[0]) {
         char *end;
