@@ -22,6 +22,12 @@
 # KIT_STEPS replaces the engine session's step list (gpu_session.sh --only), KIT_BUDGET its
 # budget in seconds (default 330: with the exec figures, about 170 s, a run fits the device
 # tool's 600 s a command).
+# The whole system end to end: `KIT_BUNDLE=1 gpu_kit.sh make` also writes .device/bundle.tar.xz
+# (deploy/bundle.sh, ~26 MB: with the kit ~60 MB of the 64 MiB; leave KIT_KEEP empty), and
+# `run` then unpacks it to /tmp/anvil, gives the session its anvil-generate (gen_graphs,
+# gen_groups) and, with KIT_WORKER="ARGS", runs tests/gen_worker/gpu_worker_bench.py --bin
+# /tmp/anvil/bin --out LOGDIR/wb --write /tmp/ckpt8b ARGS (split on spaces) after the session,
+# e.g. KIT_WORKER="--prompts 64 --n 8 --new 256 --skip bench" (the checkpoint takes ~65 s).
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mode=${1:-}
@@ -59,6 +65,13 @@ if [ "$mode" = make ]; then
     cp "$build/tests/exec_worker/bench_compare" "$kit/" || exit 1
     mkdir -p "$out"
     tar cf - -C "$(dirname "$kit")" kit | xz -T0 -6 >"$out/kit.tar.xz" || exit 1
+    rm -f "$out/bundle.tar.xz"
+    if [ "${KIT_BUNDLE:-0}" = 1 ]; then
+        "$repo/deploy/bundle.sh" --build-dir "$build" --dir "$(dirname "$kit")/anvil" \
+            --out "$(dirname "$kit")/anvil.tgz" || exit 1
+        tar cf - -C "$(dirname "$kit")" anvil | xz -T0 -6 >"$out/bundle.tar.xz" || exit 1
+        echo "bundle: $out/bundle.tar.xz ($(du -h "$out/bundle.tar.xz" | cut -f1))"
+    fi
     rm -rf "$(dirname "$kit")"
     echo "gpu kit: $out/kit.tar.xz ($(du -h "$out/kit.tar.xz" | cut -f1)); carry '$(basename "$out")'"
     exit 0
@@ -68,6 +81,13 @@ fi
 log=${1:-/tmp/out}
 K=/tmp/kit
 mkdir -p "$log" && rm -rf "$K" && tar xJf "$repo/.device/kit.tar.xz" -C /tmp || exit 1
+if [ -f "$repo/.device/bundle.tar.xz" ]; then
+    rm -rf /tmp/anvil && tar xJf "$repo/.device/bundle.tar.xz" -C /tmp || exit 1
+    # the bundle's binaries find their libraries from their own folder: a wrapper, not a link
+    [ -e "$K/build-gpu/anvil-generate" ] ||
+        printf '#!/bin/sh\nexec /tmp/anvil/bin/anvil-generate "$@"\n' >"$K/build-gpu/anvil-generate"
+    chmod +x "$K/build-gpu/anvil-generate"
+fi
 cd "$repo" || exit 1
 t0=$(date +%s)
 py=$(command -v python3)
@@ -83,9 +103,17 @@ gen_worker/engine/cuda/bench/gpu_session.sh "$K/build-gpu" "$log/gpu" --budget "
     --only "${KIT_STEPS:-graphs_test,ops_test,model_test,bench,bench_oneop,bench_fp8,memcheck,kernels,kernels_b256}" \
     >"$log/session.log" 2>&1
 echo "engine session done at $(( $(date +%s) - t0 ))s"
+if [ -n "${KIT_WORKER:-}" ] && [ -x /tmp/anvil/bin/anvil-gen-worker ]; then
+    # shellcheck disable=SC2086  # KIT_WORKER is a list of flags
+    timeout "${KIT_WORKER_TIMEOUT:-300}" python3 tests/gen_worker/gpu_worker_bench.py \
+        --bin /tmp/anvil/bin --out "$log/wb" --write /tmp/ckpt8b $KIT_WORKER >"$log/wb.log" 2>&1
+    echo "worker bench rc=$? at $(( $(date +%s) - t0 ))s"
+    rm -rf /tmp/ckpt8b "$log"/wb/*.jsonl "$log"/wb/prompts*
+fi
 rm -f "$log"/gpu/*.csv
 [ -n "${OUT:-}" ] && tar czf "$OUT/out.tgz" -C "$(dirname "$log")" "$(basename "$log")"
 cat "$log/eb/figures.txt" "$log/compare.log" "$log/gpu/summary.txt" 2>/dev/null
 grep -hE "checks, " "$log"/gpu/*_test.log 2>/dev/null
 grep -vE "^== (the same|hf peer)" "$log/gpu/figures.txt" 2>/dev/null
+grep -h '^{' "$log/wb.log" 2>/dev/null
 exit 0
