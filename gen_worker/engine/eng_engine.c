@@ -1019,11 +1019,6 @@ int eng_engine_load_weights(
     return 0;
 }
 
-int eng_engine_max_seqs(const eng_engine_t *self)
-{
-    return self->opts.max_seqs;
-}
-
 uint64_t eng_engine_weight_version(const eng_engine_t *self)
 {
     return self->version;

@@ -145,8 +145,6 @@ int eng_engine_load_weights(
 /* Drops every KV block held by in-flight sequences (they are recomputed). */
 void eng_engine_drop_prefix_state(eng_engine_t *self);
 uint64_t eng_engine_weight_version(const eng_engine_t *self);
-/* Running sequences at most (the option, or its default for the backend). */
-int eng_engine_max_seqs(const eng_engine_t *self);
 
 void eng_engine_stats(const eng_engine_t *self, eng_engine_stats_t *st);
 const eng_tokenizer_t *eng_engine_tokenizer(const eng_engine_t *self);
