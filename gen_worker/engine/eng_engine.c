@@ -15,8 +15,10 @@
 
     Preemption: when a running sequence cannot get a block, the youngest running sequence
     (last admitted) gives up its KV and goes back to the front of the waiting queue; its tokens,
-    RNG state and text are kept, so recompute continues it exactly. A sequence that cannot fit
-    even alone is finished with ENG_FINISH_CONTEXT.
+    RNG state and text are kept, so recompute continues it exactly. A sample of a forked group
+    recomputes only what follows its prompt's full blocks, which it shares again with a running
+    sibling (s_prompt_donor); the same after a weight update, once one sibling has prefilled the
+    prompt anew. A sequence that cannot fit even alone is finished with ENG_FINISH_CONTEXT.
 */
 #define _GNU_SOURCE /* memmem */
 #include "eng_engine.h"
@@ -48,6 +50,7 @@ typedef struct {
     s_state_t state;
     uint64_t admit_no; /* admission order, for preemption */
     eng_kv_seq_t kv;
+    int kv_done;    /* tokens of kv whose K/V a finished forward pass has written */
     eng_ids_t full; /* prompt + generated (generated = full[n_prompt ..]) */
     uint64_t seed; /* draw k of this sample is keyed by (seed, k) */
     float *logprobs;
@@ -102,6 +105,7 @@ struct eng_engine {
     int n_groups, cap_groups;
     s_fifo_t done;
     long long preemptions, processed_tokens, generated_tokens;
+    long long reshared_tokens; /* prompt tokens recomputes took from a sibling */
     int peak_batch_seqs; /* sequences in one step at most */
     /* step scratch */
     eng_ids_t b_tok, b_pos, b_slot, b_qstart, b_ctx, b_tables, b_rows;
@@ -725,6 +729,7 @@ static int s_fork(eng_engine_t *self, s_seq_t *leader)
         if (rc)
             return rc;
         s->admit_no = leader->admit_no;
+        s->kv_done = s->kv.n_tokens; /* called after the leader's forward pass */
         s->state = S_RUNNING;
         if ((rc = s_list_push(&self->running, s)))
             return rc;
@@ -737,6 +742,7 @@ static int s_fork(eng_engine_t *self, s_seq_t *leader)
 static void s_preempt(eng_engine_t *self, s_seq_t *s)
 {
     eng_kv_release(self->kv, &s->kv);
+    s->kv_done = 0;
     s_list_remove(&self->running, s);
     s->state = S_WAITING;
     s->n_preempted++;
@@ -848,15 +854,41 @@ static int s_schedule_running(eng_engine_t *self, int budget)
     return budget;
 }
 
+/* A waiting sample of a forked group (one preempted, or after a weight update) takes its
+   prompt's full blocks from a running sibling whose forward passes wrote them, rather than
+   prefilling the prompt again: returns that sibling (NULL: none) and the blocks in *n. At
+   least one token stays to feed, for the row its next draw comes from. */
+static s_seq_t *s_prompt_donor(const eng_engine_t *self, const s_seq_t *s, int *n)
+{
+    const s_group_t *g = s->g;
+    int bs = self->opts.block_size, blocks = g->n_prompt / bs;
+    if (blocks > (s->full.n - 1) / bs)
+        blocks = (s->full.n - 1) / bs;
+    *n = 0;
+    if (self->opts.no_prefix_sharing || !g->forked || blocks <= 0)
+        return NULL;
+    for (int i = 0; i < g->n; i++) {
+        s_seq_t *d = g->seqs[i];
+        if (d != s && d->state == S_RUNNING && d->kv_done >= blocks * bs) {
+            *n = blocks;
+            return d;
+        }
+    }
+    return NULL;
+}
+
 static int s_admit(eng_engine_t *self, int budget)
 {
     int watermark = eng_kv_total_blocks(self->kv) / 100;
     while (budget > 0 && self->waiting.n > 0 && self->running.n < self->opts.max_seqs) {
         s_seq_t *s = self->waiting.v[0];
-        int pending = s->full.n;
+        int shared = 0;
+        s_seq_t *donor = s_prompt_donor(self, s, &shared);
+        int pending = s->full.n - shared * self->opts.block_size;
         int n = pending < budget ? pending : budget;
+        /* the shared prefix ends on a block boundary: n more tokens take new blocks only */
         int need = eng_kv_blocks_needed(self->kv, &s->kv, n);
-        int total_need = (pending + self->opts.block_size - 1) / self->opts.block_size;
+        int total_need = (s->full.n + self->opts.block_size - 1) / self->opts.block_size;
         if (total_need > eng_kv_total_blocks(self->kv)) {
             ANV_WARN("request '%s' sample %d needs %d KV blocks, more than the cache holds",
                      s->g->id, s->index, total_need);
@@ -866,11 +898,16 @@ static int s_admit(eng_engine_t *self, int budget)
         bool alone = self->running.n == 0 && self->b_seqs.n == 0;
         if (need + (alone ? 0 : watermark) > eng_kv_free_blocks(self->kv))
             break;
+        int rc = donor ? eng_kv_fork_prefix(self->kv, &donor->kv, &s->kv, shared) : 0;
+        if (rc)
+            return rc;
+        if (donor)
+            self->reshared_tokens += shared * self->opts.block_size;
         s_list_remove(&self->waiting, s);
         if (s->admit_no == 0)
             s->admit_no = ++self->admit_counter;
         s->state = S_RUNNING;
-        int rc = s_list_push(&self->running, s);
+        rc = s_list_push(&self->running, s);
         if (!rc)
             rc = s_batch_add(self, s, n);
         if (rc)
@@ -945,6 +982,8 @@ static int s_run_batch(eng_engine_t *self)
                             n_lp, self->rows_lp};
     if ((rc = eng_model_forward_sample(self->model, &fw, &q)))
         return rc;
+    for (int i = 0; i < n_seq; i++)
+        self->b_seqs.v[i]->kv_done = self->b_seqs.v[i]->kv.n_tokens;
     for (int r = 0, k = 0; r < n_rows && !rc; r++) {
         s_seq_t *s = self->b_sample.v[r];
         eng_top_t top[ENG_MAX_TOP_LOGPROBS];
@@ -1037,6 +1076,7 @@ void eng_engine_stats(const eng_engine_t *self, eng_engine_stats_t *st)
     st->max_seqs = self->opts.max_seqs;
     st->peak_batch_seqs = self->peak_batch_seqs;
     st->preemptions = self->preemptions;
+    st->reshared_tokens = self->reshared_tokens;
     st->processed_tokens = self->processed_tokens;
     st->generated_tokens = self->generated_tokens;
 }

@@ -5,8 +5,9 @@
     prompt's KV blocks (copy-on-write of the shared partial block). eng_engine_step() runs one
     scheduler step: every running sequence advances by one token (decode) or one prefill chunk,
     new sequences are admitted while KV blocks and the step's token budget allow, and when the
-    cache runs out the youngest sequences are preempted (their KV dropped, recomputed later)
-    instead of anything failing. Finished samples (EOS, stop string, max tokens, context
+    cache runs out the youngest sequences are preempted (their KV dropped, recomputed later:
+    a sample of a group takes the prompt's full blocks from a running sibling and feeds only
+    the rest) instead of anything failing. Finished samples (EOS, stop string, max tokens, context
     length, cancel) are collected with eng_engine_pop_finished().
 
     Seeds: each sample has its own RNG. Its seed is request.seeds[i] when given (they must be
@@ -119,6 +120,7 @@ typedef struct {
     int max_seqs;         /* running sequences at most */
     int peak_batch_seqs;  /* sequences in one step at most */
     long long preemptions;
+    long long reshared_tokens;  /* prompt tokens samples fed again took from a sibling's KV */
     long long processed_tokens; /* tokens run through the model (prefill, recompute, decode) */
     long long generated_tokens; /* tokens sampled */
 } eng_engine_stats_t;

@@ -160,17 +160,27 @@ int eng_kv_append(eng_kv_t *self, eng_kv_seq_t *seq, int n_new, int32_t *slots, 
     return 0;
 }
 
-int eng_kv_fork(eng_kv_t *self, const eng_kv_seq_t *src, eng_kv_seq_t *dst)
+int eng_kv_fork_prefix(eng_kv_t *self, const eng_kv_seq_t *src, eng_kv_seq_t *dst, int n_blocks)
 {
-    if (s_reserve_table(dst, src->n_blocks))
+    if (n_blocks < 0 || n_blocks > src->n_blocks || dst->n_blocks != 0)
+        return -EINVAL;
+    if (s_reserve_table(dst, n_blocks))
         return -ENOMEM;
-    for (int i = 0; i < src->n_blocks; i++) {
+    for (int i = 0; i < n_blocks; i++) {
         dst->blocks[i] = src->blocks[i];
         self->refcount[src->blocks[i]]++;
     }
-    dst->n_blocks = src->n_blocks;
-    dst->n_tokens = src->n_tokens;
+    dst->n_blocks = n_blocks;
+    dst->n_tokens = n_blocks * self->block_size;
     return 0;
+}
+
+int eng_kv_fork(eng_kv_t *self, const eng_kv_seq_t *src, eng_kv_seq_t *dst)
+{
+    int rc = eng_kv_fork_prefix(self, src, dst, src->n_blocks);
+    if (rc == 0)
+        dst->n_tokens = src->n_tokens;
+    return rc;
 }
 
 void eng_kv_release(eng_kv_t *self, eng_kv_seq_t *seq)

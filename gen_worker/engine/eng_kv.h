@@ -60,6 +60,10 @@ int eng_kv_append(
     eng_kv_t *self, eng_kv_seq_t *seq, int n_new, int32_t *slots, eng_kv_copy_t *copy);
 /* dst (empty) shares every block of src. Returns 0 or -ENOMEM. */
 int eng_kv_fork(eng_kv_t *self, const eng_kv_seq_t *src, eng_kv_seq_t *dst);
+/* dst (empty) shares the first n_blocks blocks of src, all full, and holds their
+   n_blocks * block_size tokens (a recomputed sample takes its group's prompt so). Returns 0,
+   -EINVAL (n_blocks beyond src, dst not empty) or -ENOMEM. */
+int eng_kv_fork_prefix(eng_kv_t *self, const eng_kv_seq_t *src, eng_kv_seq_t *dst, int n_blocks);
 /* Drops the sequence's references (blocks reaching zero go back to the free list) and empties
    it; its table memory is kept for reuse. */
 void eng_kv_release(eng_kv_t *self, eng_kv_seq_t *seq);

@@ -100,6 +100,41 @@ static void test_fork_full_block_no_copy(void **state)
     eng_kv_destroy(&kv);
 }
 
+/* a recomputed sample shares its prompt's full blocks with a sibling and appends after them */
+static void test_fork_prefix(void **state)
+{
+    eng_kv_t *kv = eng_kv_new(8, 4);
+    eng_kv_seq_t a = {0}, b = {0}, c = {0};
+    int32_t slots[16];
+    eng_kv_copy_t copy;
+    assert_int_equal(eng_kv_append(kv, &a, 10, slots, &copy), 0); /* 2 full blocks + 2 */
+    assert_int_equal(eng_kv_fork_prefix(kv, &a, &b, 4), -EINVAL); /* beyond a's 3 blocks */
+    assert_int_equal(eng_kv_fork_prefix(kv, &a, &b, 2), 0);
+    assert_int_equal(b.n_tokens, 8);
+    assert_int_equal(b.n_blocks, 2);
+    assert_memory_equal(b.blocks, a.blocks, 2 * sizeof(int32_t));
+    assert_int_equal(eng_kv_refcount(kv, a.blocks[0]), 2);
+    assert_int_equal(eng_kv_refcount(kv, a.blocks[2]), 1);
+    assert_int_equal(eng_kv_fork_prefix(kv, &a, &b, 1), -EINVAL); /* b is not empty */
+    assert_int_equal(eng_kv_free_blocks(kv), 5);
+    assert_int_equal(eng_kv_blocks_needed(kv, &b, 5), 2); /* new blocks from a boundary */
+    assert_int_equal(eng_kv_append(kv, &b, 5, slots, &copy), 0);
+    assert_int_equal(copy.src, -1);
+    assert_int_equal(slots[0] / 4 != a.blocks[2], 1);
+    assert_int_equal(eng_kv_free_blocks(kv), 3);
+    assert_int_equal(eng_kv_fork_prefix(kv, &a, &c, 0), 0); /* nothing shared */
+    assert_int_equal(c.n_tokens, 0);
+    eng_kv_release(kv, &a);
+    assert_int_equal(eng_kv_refcount(kv, b.blocks[0]), 1); /* b keeps the prompt's blocks */
+    assert_int_equal(eng_kv_free_blocks(kv), 4);
+    eng_kv_release(kv, &b);
+    assert_int_equal(eng_kv_free_blocks(kv), 8);
+    eng_kv_seq_free(&a);
+    eng_kv_seq_free(&b);
+    eng_kv_seq_free(&c);
+    eng_kv_destroy(&kv);
+}
+
 static void test_enospc_changes_nothing(void **state)
 {
     eng_kv_t *kv = eng_kv_new(3, 2);
@@ -203,6 +238,7 @@ int main(void)
         cmocka_unit_test(test_append_slots),
         cmocka_unit_test(test_fork_cow),
         cmocka_unit_test(test_fork_full_block_no_copy),
+        cmocka_unit_test(test_fork_prefix),
         cmocka_unit_test(test_enospc_changes_nothing),
         cmocka_unit_test(test_auto_bytes),
         cmocka_unit_test(test_f8e4m3),

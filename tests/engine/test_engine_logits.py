@@ -4,6 +4,7 @@ prefill over non-contiguous paged blocks), greedy continuations of 64 tokens, an
 paged / preempted runs equal to one-at-a-time runs."""
 import json
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -127,6 +128,42 @@ def test_batched_paged_equal_one_at_a_time(models, generate_bin, tmp_path):
     for k, s in alone.items():
         assert batched[k]["token_ids"] == s["token_ids"], k
         assert batched[k]["logprobs"] == s["logprobs"], k
+
+
+def test_preemption_reshares_the_prompt(models, generate_bin, tmp_path):
+    """A preempted sample of a group takes its prompt's full KV blocks from a running sibling
+    again and recomputes only the rest: the summary counts those prompt tokens, and every
+    sample's tokens and logprobs are those of a run with room for all (and of a tight run
+    without prefix sharing, which takes nothing from a sibling)."""
+    d = models["llama"]
+    vocab = json.load(open(os.path.join(d, "config.json")))["vocab_size"]
+    lines = [{"id": f"g{i}", "prompt_ids": _prompt(n, vocab, 300 + i), "n": 4, "seed": 20 + i}
+             for i, n in enumerate([41, 66, 29])]
+    path = tmp_path / "g.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    common = ["--model", d, "--temperature", 1.0, "--max-tokens", 40, "--ignore-eos",
+              "--prompts", path, "--block-size", 4, "--json"]
+
+    def run(*extra):
+        p = run_generate(generate_bin, *common, *extra)
+        out = {(x["id"], x["index"]): x for x in map(json.loads, p.stdout.split("\n")[:-1])}
+        m = re.search(r"(\d+) preemptions \((\d+) prompt tokens taken from a sibling\)",
+                      p.stderr)
+        assert m, p.stderr
+        return out, int(m.group(1)), int(m.group(2))
+
+    roomy, n0, r0 = run()
+    assert (n0, r0) == (0, 0)
+    tight, n1, r1 = run("--kv-blocks", 70)
+    assert n1 > 0 and r1 > 0, (n1, r1)
+    assert r1 % 4 == 0  # whole blocks
+    alone, n2, r2 = run("--kv-blocks", 70, "--no-prefix-sharing")
+    assert n2 > 0 and r2 == 0, (n2, r2)
+    assert set(tight) == set(roomy) == set(alone) and len(roomy) == 12
+    for k in roomy:
+        assert tight[k]["token_ids"] == roomy[k]["token_ids"], k
+        assert tight[k]["logprobs"] == roomy[k]["logprobs"], k
+        assert alone[k]["token_ids"] == roomy[k]["token_ids"], k
 
 
 def test_preemption_recomputes_exactly(models, generate_bin, tmp_path):

@@ -3,8 +3,9 @@
 alone and anvil-bench-engine on the same workload, in one run (issue 8's worker-overhead ratio).
 
     gpu_worker_bench.py --bin DIR --out DIR [--model CKPT | --write CKPT] [--prompts 64]
-                        [--n 8] [--prompt-tokens 1024] [--new 256] [--no-cuda-graphs]
-                        [--worker ARGS]... [--engine ARGS]... [--skip RUNS] [--dry]
+                        [--n 8] [--prompt-tokens 1024] [--new 256] [--stop-ids K]
+                        [--no-cuda-graphs] [--worker ARGS]... [--engine ARGS]... [--skip RUNS]
+                        [--dry]
 
 DIR holds anvil, anvil-broker, anvil-gen-worker, anvil-generate, anvil-bench-engine and
 redis-server (a relocatable bundle's bin/, or a build tree: found by name under DIR). One
@@ -20,6 +21,11 @@ workload, three runs, each printed as one line, then a `ratio` line:
            weights of the same shape (its own fused model).
 Sampling: temperature 1, no truncation, so random weights almost never draw EOS and every
 sample runs to --new tokens; the lines say how many tokens each run generated.
+--stop-ids K (at most 64) gives varied stopping, the issue's GRPO shape: K token ids spread
+evenly over the model's vocabulary end a sample like EOS (the job's stop_token_ids for the
+worker, anvil-generate --stop-ids for the engine), so at T = 1 a sample's length is about
+geometric with mean vocab / K, cut at --new (64 ids on the 8B vocabulary: ~2000 of 4096); the
+bench, which cannot stop on tokens, then draws its lengths uniformly from [1, --new].
 The worker and engine runs use the binaries' defaults (CUDA graphs on, the engine's max-seqs,
 the worker's slots); --no-cuda-graphs turns graphs off in all three. Each --worker ARGS (or
 --engine ARGS) adds a run with those extra flags (split on spaces), named "worker ARGS": e.g.
@@ -27,7 +33,8 @@ the worker's slots); --no-cuda-graphs turns graphs off in all three. Each --work
 defaults with the defaults it had before 2026-12-07. The ratio line uses the first of each.
 --write CKPT first writes the 8B-shaped random checkpoint (tiny_model.py --shape
 seed-coder-8b) and reports the time. --dry runs everything on the CPU backend at a tiny shape
-(a check of this script; its figures mean nothing). Logs go to --out. Prints figures and
+(a check of this script; its figures mean nothing). Logs go to --out, with each run's samples
+(worker*.jsonl: `anvil results`; engine*.jsonl: anvil-generate --json). Prints figures and
 asserts nothing about speed; exits 1 only when a run does not complete.
 """
 import argparse
@@ -87,7 +94,16 @@ def token_count(gen, model, text):
     return len(ids["ids"] if isinstance(ids, dict) else ids)
 
 
-def write_prompts(path, gen, model, n_prompts, want_tokens):
+def stop_ids(model, k):
+    """k token ids spread evenly over the model's vocabulary (none when k is 0)."""
+    if k <= 0:
+        return []
+    with open(os.path.join(model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    return [(i * vocab) // k + vocab // (2 * k) for i in range(k)]
+
+
+def write_prompts(path, gen, model, n_prompts, want_tokens, stops):
     """n_prompts distinct prompts of about want_tokens tokens each (no shared prefix beyond
     the first word, so the engine's prefix sharing works only within a prompt's n samples)."""
     unit = " ".join("w%d" % i for i in range(16))
@@ -98,6 +114,8 @@ def write_prompts(path, gen, model, n_prompts, want_tokens):
         text = "p%d %s" % (i, " ".join("%s%d" % (unit, (i * 7919 + k) % 997)
                                         for k in range(reps)))
         lines.append({"prompt": text})
+        if stops:
+            lines[-1]["stop_token_ids"] = stops
         if i < 2:
             lengths.append(token_count(gen, model, text))
     # the same prompts twice: Anvil JSONL for the CLI, anvil-generate's JSONL for the engine
@@ -105,7 +123,8 @@ def write_prompts(path, gen, model, n_prompts, want_tokens):
         f.write("".join(json.dumps(dict(l, custom_id="p%d" % i)) + "\n"
                         for i, l in enumerate(lines)))
     with open(path + ".generate", "w") as f:
-        f.write("".join(json.dumps(dict(l, id="p%d" % i)) + "\n" for i, l in enumerate(lines)))
+        f.write("".join(json.dumps({"prompt": l["prompt"], "id": "p%d" % i}) + "\n"
+                        for i, l in enumerate(lines)))
     return lengths[0]
 
 
@@ -151,6 +170,8 @@ def run_worker(a, out, work, bindir, model, prompts, backend, args, k):
             time.sleep(0.2)
         t1 = time.time()
         res = c.results(job)
+        with open(os.path.join(out, "worker%s.jsonl" % (k or "")), "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in res))
         gen = sum(r.get("completion_tokens", 0) for r in res)
         finish = {}
         for r in res:
@@ -175,9 +196,12 @@ def run_worker(a, out, work, bindir, model, prompts, backend, args, k):
         c.close()
 
 
-def run_engine(a, out, gen, model, prompts, backend, extra, k):
-    args = [gen, "--model", model, "--prompts", prompts + ".generate", "--n", str(a.n), "--max-tokens",
-            str(a.new), "--temperature", "1.0", "--seed", "1", "--backend", backend, "--json"]
+def run_engine(a, out, gen, model, prompts, backend, stops, extra, k):
+    args = [gen, "--model", model, "--prompts", prompts + ".generate", "--n", str(a.n),
+            "--max-tokens", str(a.new), "--temperature", "1.0", "--seed", "1", "--backend",
+            backend, "--json"]
+    if stops:
+        args += ["--stop-ids", ",".join(map(str, stops))]
     if a.no_cuda_graphs:
         args.append("--no-cuda-graphs")
     args += extra
@@ -188,16 +212,19 @@ def run_engine(a, out, gen, model, prompts, backend, extra, k):
     wall = time.time() - t0
     err = open(name + ".log").read()
     n = gen_tok = 0
+    finish = {}
     with open(name + ".jsonl") as f:
         for line in f:
             if line.startswith("{"):
+                d = json.loads(line)
                 n += 1
-                gen_tok += len(json.loads(line)["token_ids"])
+                gen_tok += len(d["token_ids"])
+                finish[d["finish_reason"]] = finish.get(d["finish_reason"], 0) + 1
     m = re.search(r"([0-9.]+) tok(?:ens)?/s", err)
     return {"run": " ".join(["engine"] + extra), "ok": p.returncode == 0 and n == a.prompts * a.n,
             "samples": n,
             "generated": gen_tok, "wall_s": round(wall, 3),
-            "tok_s": float(m.group(1)) if m else None,
+            "tok_s": float(m.group(1)) if m else None, "finish": finish,
             "figures_line": next((l[-300:] for l in err.splitlines() if "tok" in l and "/s" in l),
                                  None)}
 
@@ -205,7 +232,7 @@ def run_engine(a, out, gen, model, prompts, backend, extra, k):
 def run_bench(a, out, bench, prompt_len, dry):
     args = [bench, "--json", "--batches", "none", "--ctx-batch", "0",
             "--grpo-prompts", str(a.prompts), "--grpo-samples", str(a.n),
-            "--grpo-prompt", str(prompt_len), "--grpo-min-new", str(a.new),
+            "--grpo-prompt", str(prompt_len), "--grpo-min-new", str(1 if a.stop_ids else a.new),
             "--grpo-max-new", str(a.new), "--grpo-max-batch", str(a.prompts * a.n)]
     args += ["--backend", "cpu", "--shape", "tiny"] if dry else ["--shape", "8b"]
     if not a.no_cuda_graphs:
@@ -233,6 +260,8 @@ def main():
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--stop-ids", type=int, default=0,
+                    help="this many stop token ids spread over the vocabulary (at most 64)")
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--worker", action="append", default=None,
                     help="a worker run with these extra flags (repeatable)")
@@ -243,6 +272,8 @@ def main():
     ap.add_argument("--worker-timeout", type=int, default=1200,
                     help="seconds the worker run may take before it is abandoned (logs kept)")
     a = ap.parse_args()
+    if not 0 <= a.stop_ids <= 64:
+        ap.error("--stop-ids takes 0 to 64")
     # an outer `timeout` sends SIGTERM: unwind, so that the cluster's logs are still copied
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     os.makedirs(a.out, exist_ok=True)
@@ -277,9 +308,11 @@ def main():
     if not model:
         ap.error("--model or --write is needed")
     prompts = os.path.join(out, "prompts.jsonl")
-    plen = write_prompts(prompts, gen, model, a.prompts, a.prompt_tokens)
-    log(out, "workload: %d prompts x %d samples, prompt %d tokens, %d new tokens, graphs %s"
-        % (a.prompts, a.n, plen, a.new, "off" if a.no_cuda_graphs else "on"))
+    stops = stop_ids(model, a.stop_ids)
+    plen = write_prompts(prompts, gen, model, a.prompts, a.prompt_tokens, stops)
+    log(out, "workload: %d prompts x %d samples, prompt %d tokens, %s new tokens, graphs %s"
+        % (a.prompts, a.n, plen, "up to %d (%d stop ids)" % (a.new, len(stops)) if stops
+           else "%d" % a.new, "off" if a.no_cuda_graphs else "on"))
     results = []
     skip = set(a.skip.split(","))
     plan = []
@@ -288,7 +321,7 @@ def main():
             a, out, work, bindir, model, prompts, backend, w, k)))
     for k, e in enumerate(a.engine if a.engine is not None else [""]):
         plan.append(("engine", e.split(), lambda e=e.split(), k=k: run_engine(
-            a, out, gen, model, prompts, backend, e, k)))
+            a, out, gen, model, prompts, backend, stops, e, k)))
     plan.append(("bench", [], lambda: run_bench(a, out, bench, plen, a.dry)))
     first = {}
     for name, args, fn in plan:
@@ -299,6 +332,8 @@ def main():
             r = fn()
         except Exception as e:  # a run that breaks is reported, the others still run
             r = {"run": " ".join([name] + args), "ok": False, "error": repr(e)[-500:]}
+        if r.get("generated") is not None:
+            r["mean_new"] = round(r["generated"] / (a.prompts * a.n), 1)
         first.setdefault(name, r)
         r["run_s"] = round(time.time() - t0, 1)
         results.append(r)

@@ -266,3 +266,57 @@ def test_gpu_worker_bench_dry(tmp_path):
     assert "(max-seqs 256)" in lines["engine"]["figures_line"], lines["engine"]
     assert "(max-seqs 2)" in lines["engine --max-seqs 2"]["figures_line"]
     assert lines["ratio"]["worker_over_engine"] > 0
+
+
+def test_gpu_worker_bench_dry_stop_ids(tmp_path):
+    """gpu_worker_bench.py --stop-ids K (varied stopping, the issue's GRPO shape): the K ids
+    reach the worker (as the job's stop_token_ids) and anvil-generate (--stop-ids), so both
+    end samples early with finish eos; every engine sample that ended so ends on one of the
+    ids, and no sample holds one before its end. The bench draws lengths from [1, --new]."""
+    import shutil
+    import subprocess
+    import sys
+
+    import anvil_cluster
+
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    rels = dict(anvil_cluster.BINARIES, **{
+        "anvil-bench-engine": "gen_worker/engine/cuda/bench/anvil-bench-engine"})
+    for name in ("anvil", "anvil-broker", "anvil-gen-worker", "anvil-generate",
+                 "anvil-bench-engine"):
+        path = os.path.join(anvil_cluster.BUILD, rels[name])
+        if not os.access(path, os.X_OK):
+            pytest.skip("%s is not built" % name)
+        os.symlink(path, bins / name)
+    redis = shutil.which("redis-server")
+    if not redis:
+        pytest.skip("no redis-server")
+    os.symlink(redis, bins / "redis-server")
+    out = tmp_path / "out"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_worker_bench.py")
+    p = subprocess.run([sys.executable, script, "--bin", str(bins), "--out", str(out),
+                        "--write", str(tmp_path / "model"), "--dry", "--prompts", "6", "--n",
+                        "3", "--prompt-tokens", "64", "--new", "40", "--stop-ids", "64"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    lines = {d["run"]: d for d in (json.loads(l) for l in p.stdout.splitlines()
+                                   if l.startswith("{"))}
+    assert "up to 40 (64 stop ids)" in (out / "session.log").read_text()
+    vocab = json.load(open(tmp_path / "model" / "config.json"))["vocab_size"]
+    stops = {(i * vocab) // 64 + vocab // 128 for i in range(64)}
+    for run in ("worker", "engine"):
+        r = lines[run]
+        assert r["ok"] and r["samples"] == 18, r
+        assert r["finish"].get("eos", 0) > 0 and r["generated"] < 18 * 40, r
+        assert set(r["finish"]) <= {"eos", "length"}, r
+    engine = [json.loads(l) for l in open(out / "engine.jsonl") if l.startswith("{")]
+    assert len(engine) == 18
+    for d in engine:
+        t = d["token_ids"]
+        assert not stops.intersection(t[:-1]), d
+        assert (t[-1] in stops) == (d["finish_reason"] == "eos"), d
+    worker = [json.loads(l) for l in open(out / "worker.jsonl")]
+    assert sum(r["completion_tokens"] for r in worker) == lines["worker"]["generated"]
+    b = lines["bench"]
+    assert b["ok"] and 18 <= b["generated"] < 18 * 40, b

@@ -339,12 +339,13 @@ static int s_generate(eng_engine_t *e, const s_args_t *a, eng_request_t base)
     eng_engine_stats(e, &st);
     ANV_INFO("generated %lld tokens in %.3f s (%.1f tok/s), %lld tokens through the model, "
              "%lld steps, kv peak %d of %d blocks (%.2f MiB of %.2f MiB, %zu bytes/block), "
-             "%lld preemptions, %d sequences in a step at most (max-seqs %d)",
+             "%lld preemptions (%lld prompt tokens taken from a sibling), %d sequences in a "
+             "step at most (max-seqs %d)",
              st.generated_tokens, secs, secs > 0 ? (double)st.generated_tokens / secs : 0.0,
              st.processed_tokens, steps, st.peak_blocks, st.total_blocks,
              (double)st.peak_blocks * (double)st.bytes_per_block / 1048576.0,
              (double)st.total_blocks * (double)st.bytes_per_block / 1048576.0, st.bytes_per_block,
-             st.preemptions, st.peak_batch_seqs, st.max_seqs);
+             st.preemptions, st.reshared_tokens, st.peak_batch_seqs, st.max_seqs);
     return 0;
 }
 
