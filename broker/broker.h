@@ -31,6 +31,8 @@ typedef struct {
     int64_t heartbeat_misses;     /* a peer is dead after this many silent intervals */
     bool strict;                  /* --durability strict */
     int64_t batch;                /* most units leased / results committed per script call */
+    int64_t gen_backlog;          /* samples a gen worker's engine may hold without KV (its
+                                     queue, from heartbeats) before it is sent more units */
     int64_t max_msg;              /* largest accepted message in bytes */
     const char *metrics_endpoint; /* HOST:PORT of the HTTP endpoint (metrics, status); NULL or
                                      "" = none */

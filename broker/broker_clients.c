@@ -1014,6 +1014,8 @@ static void s_on_workers(broker_t *b, zframe_t *id, uint64_t rid)
         x->outstanding_tokens = w->outstanding_tokens;
         x->has_free_kv_tokens = w->hb_has_free_kv;
         x->free_kv_tokens = w->hb_free_kv;
+        x->has_queued_samples = w->hb_has_queued;
+        x->queued_samples = w->hb_queued;
         x->has_credit = 1;
         x->credit = broker_worker_credit(w);
         ptrs[k++] = x;

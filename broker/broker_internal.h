@@ -59,6 +59,12 @@ typedef struct broker_worker_t {
     /* what its last heartbeat reported (counters since the worker started) */
     uint64_t hb_tokens, hb_evals, hb_free_kv;
     bool hb_has_free_kv;
+    /* a gen worker that reports its engine's queue (samples without KV) gets units while that
+       queue, plus the samples of units sent since that it did not list yet, is below backlog */
+    bool hb_has_queued;
+    uint32_t hb_queued, backlog;
+    uint64_t transit_samples; /* samples of held units no heartbeat listed yet */
+    uint32_t unit_samples;    /* samples of the last gen unit sent (a unit's size) */
     bool draining;            /* said so in a heartbeat: gets no new units */
 } broker_worker_t;
 
@@ -73,6 +79,7 @@ struct broker_lease_t {
     uint32_t attempt;
     uint32_t remaining;       /* samples still to come (gen) */
     uint32_t tokens_per_sample;
+    uint32_t transit; /* samples counted in its worker's transit_samples (unlisted) */
     int64_t sent_ns;
     bool redo;                /* a sample of the unit was not recorded (stale, aborted): the
                                  unit goes back to the queue when it ends */
@@ -201,6 +208,8 @@ void broker_worker_destroy(broker_worker_t **self_p);
 /* Units the worker may be sent now: its slots less those in flight, and for a gen worker that
    reports its free KV tokens, no more than that KV holds (see broker_workers.c). */
 uint32_t broker_worker_credit(const broker_worker_t *w);
+/* queued samples a gen worker may hold when the config says 0 (--gen-backlog) */
+#define BROKER_GEN_BACKLOG 64
 /* True when worker w may run units of job j (may be NULL: any job): a gen worker must serve the
    model the job names (if it names one), an exec worker must score every task kind the job
    has (if it lists kinds at all). Capability names of the kinds: broker_kind_capability(). */
@@ -215,6 +224,8 @@ const char *broker_kind_capability(int kind);
 /* Attaches or detaches a lease from its worker, keeping in_flight and load in step. */
 void broker_lease_attach(broker_lease_t *l, broker_worker_t *w);
 void broker_lease_detach(broker_lease_t *l);
+/* A heartbeat of its worker listed the lease: its samples are no longer in transit. */
+void broker_lease_listed(broker_lease_t *l);
 /* Removes a lease from memory (not from Redis). */
 void broker_lease_forget(broker_t *b, broker_lease_t *l);
 /* Releases every lease of `w` in Redis (penalty: counts an attempt) and forgets them. */

@@ -204,6 +204,7 @@ static void s_worker_metrics(broker_t *b, s_buf_t *o)
         {"worker_tokens_generated", "Tokens generated since the worker started (heartbeat).", 3},
         {"worker_evals_done", "Evaluations done since the worker started (heartbeat).", 4},
         {"worker_free_kv_tokens", "Free KV cache tokens (heartbeat).", 5},
+        {"worker_queued_samples", "Samples its engine holds without KV (heartbeat).", 8},
         {"worker_weight_version", "Weight version loaded.", 6},
         {"worker_last_seen_seconds", "Seconds since the worker's last message.", 7},
     };
@@ -224,6 +225,11 @@ static void s_worker_metrics(broker_t *b, s_buf_t *o)
                 v = (double)w->hb_free_kv;
                 break;
             case 6: v = (double)w->weight_version; break;
+            case 8:
+                if (!w->hb_has_queued)
+                    continue;
+                v = (double)w->hb_queued;
+                break;
             default:
                 v = w->last_seen_ms == INT64_MIN ? -1 : (double)(now - w->last_seen_ms) / 1000.0;
                 break;
@@ -437,6 +443,8 @@ static cJSON *s_workers(broker_t *b)
         cJSON_AddNumberToObject(x, "evals_done", (double)w->hb_evals);
         if (w->hb_has_free_kv)
             cJSON_AddNumberToObject(x, "free_kv_tokens", (double)w->hb_free_kv);
+        if (w->hb_has_queued)
+            cJSON_AddNumberToObject(x, "queued_samples", (double)w->hb_queued);
         cJSON_AddNumberToObject(x, "last_seen_s", w->last_seen_ms == INT64_MIN
                                                       ? -1.0
                                                       : (double)(now - w->last_seen_ms) / 1000.0);

@@ -51,12 +51,34 @@ uint32_t broker_worker_credit(const broker_worker_t *w)
     if (w->last_seen_ms == INT64_MIN || w->draining)
         return 0;
     uint32_t c = w->slots > w->in_flight ? w->slots - w->in_flight : 0;
-    /* A gen worker's KV cache: its heartbeats report the free KV tokens. The units it holds
-       will still generate outstanding_tokens (remaining samples x max_tokens, an upper bound);
-       more units are offered only as far as the free KV holds those plus units of their mean
-       size, so the rest wait in the queue for a worker with room instead of in this one's
-       engine. While it holds nothing the size of a unit is unknown: one at a time, and a unit
-       larger than the whole cache still goes (the engine reports it). */
+    /* a gen worker with a KV cache (READY says its size) whose heartbeats have not said how
+       full it is yet: one unit, not its whole slot count at once */
+    if (c && w->kind == ANVIL__WORKER_KIND__WORKER_GEN && w->kv_tokens && !w->hb_has_queued &&
+        !w->hb_has_free_kv)
+        return w->in_flight == 0 ? 1 : 0;
+    if (c && w->hb_has_queued) {
+        /* A gen worker that reports its engine's queue (samples without KV): its engine admits
+           what its KV holds and preempts when the samples outgrow it, so it is the judge of
+           its KV. It gets units while that queue, plus the samples of the units sent since
+           that it did not list yet, is shorter than the backlog, so the rest wait in the
+           broker's queue for any worker with room rather than in this one's; the worker
+           heartbeats at once when its queue runs empty. While it holds nothing the size of a
+           unit is unknown: one at a time. */
+        if (w->in_flight == 0)
+            return 1;
+        uint64_t q = (uint64_t)w->hb_queued + w->transit_samples;
+        uint64_t backlog = w->backlog ? w->backlog : BROKER_GEN_BACKLOG;
+        if (q >= backlog)
+            return 0;
+        uint64_t per = w->unit_samples ? w->unit_samples : 1;
+        uint64_t fit = (backlog - q + per - 1) / per;
+        return fit < c ? (uint32_t)fit : c;
+    }
+    /* A worker that reports only its free KV tokens: the units it holds will still generate
+       outstanding_tokens (remaining samples x max_tokens, an upper bound); more units are
+       offered only as far as the free KV holds those plus units of their mean size. While it
+       holds nothing the size of a unit is unknown: one at a time, and a unit larger than the
+       whole cache still goes (the engine reports it). */
     if (c && w->hb_has_free_kv) {
         if (w->in_flight == 0)
             return 1;
@@ -146,6 +168,20 @@ void broker_lease_attach(broker_lease_t *l, broker_worker_t *w)
     w->leases = l;
     w->in_flight++;
     w->outstanding_tokens += (uint64_t)l->remaining * l->tokens_per_sample;
+    /* in transit until a heartbeat lists it (broker_lease_listed) */
+    l->transit = l->kind == 'g' ? l->remaining : 0;
+    w->transit_samples += l->transit;
+    if (l->transit)
+        w->unit_samples = l->transit;
+}
+
+void broker_lease_listed(broker_lease_t *l)
+{
+    broker_worker_t *w = l->worker;
+    if (w && l->transit) {
+        w->transit_samples = w->transit_samples > l->transit ? w->transit_samples - l->transit : 0;
+        l->transit = 0;
+    }
 }
 
 void broker_lease_detach(broker_lease_t *l)
@@ -164,6 +200,7 @@ void broker_lease_detach(broker_lease_t *l)
         w->in_flight--;
     uint64_t t = (uint64_t)l->remaining * l->tokens_per_sample;
     w->outstanding_tokens = w->outstanding_tokens > t ? w->outstanding_tokens - t : 0;
+    broker_lease_listed(l);
     l->worker = NULL;
 }
 
@@ -357,6 +394,7 @@ static void s_on_ready(broker_t *b, zframe_t *identity, const char *key, Anvil__
             if (broker_kind_capability(k) && !strcmp(r->capabilities[i], broker_kind_capability(k)))
                 w->kinds |= 1u << k;
     w->slots = r->has_slots ? r->slots : 1;
+    w->backlog = b->cfg.gen_backlog > 0 ? (uint32_t)b->cfg.gen_backlog : BROKER_GEN_BACKLOG;
     if (w->slots > 100000)
         w->slots = 100000;
     w->last_seen_ms = anv_now_ms();
@@ -424,9 +462,12 @@ static void s_on_heartbeat(broker_t *b, broker_worker_t *w, Anvil__Heartbeat *hb
         broker_lease_t *l = zhashx_lookup(b->leases, id);
         if (!l)
             unknown[n_unknown++] = id;
-        else if (l->worker != w) {
-            broker_lease_detach(l);
-            broker_lease_attach(l, w);
+        else {
+            if (l->worker != w) {
+                broker_lease_detach(l);
+                broker_lease_attach(l, w);
+            }
+            broker_lease_listed(l);
         }
     }
     if (n_unknown)
@@ -461,6 +502,10 @@ static void s_on_heartbeat(broker_t *b, broker_worker_t *w, Anvil__Heartbeat *hb
     if (hb->has_free_kv_tokens) {
         w->hb_free_kv = hb->free_kv_tokens;
         w->hb_has_free_kv = true;
+    }
+    if (hb->has_queued_samples) {
+        w->hb_queued = hb->queued_samples;
+        w->hb_has_queued = true;
     }
     free(unknown);
     zhashx_destroy(&listed);

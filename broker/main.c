@@ -17,7 +17,7 @@ int main(int argc, char **argv)
     char *client_ep = NULL, *worker_ep = NULL, *redis_url = NULL, *durability = NULL;
     char *log_level = NULL, *metrics_ep = NULL, *curve_secret = NULL, *curve_allow = NULL;
     bool log_json = false, insecure = false;
-    int64_t lease_ms, max_attempts, hb_ms, hb_misses, batch, redis_timeout, max_msg;
+    int64_t lease_ms, max_attempts, hb_ms, hb_misses, batch, gen_backlog, redis_timeout, max_msg;
     const anv_cfg_opt_t opts[] = {
         {"client-endpoint", ANV_CFG_STR, "tcp://127.0.0.1:5555", 0, -1,
          "ROUTER endpoint for clients", &client_ep, false},
@@ -30,8 +30,7 @@ int main(int argc, char **argv)
         {"lease-ms", ANV_CFG_INT, "30000", 100, 86400000,
          "unit lease; renewed while its worker heartbeats", &lease_ms, false},
         {"max-attempts", ANV_CFG_INT, "3", 1, 1000,
-         "attempts before a unit is dead-lettered (jobs may set their own)", &max_attempts,
-         false},
+         "attempts before a unit is dead-lettered (jobs may set their own)", &max_attempts, false},
         {"heartbeat-ms", ANV_CFG_INT, "1000", 50, 60000, "heartbeat interval", &hb_ms, false},
         {"heartbeat-misses", ANV_CFG_INT, "3", 2, 100, "silent intervals before a peer is dead",
          &hb_misses, false},
@@ -40,8 +39,11 @@ int main(int argc, char **argv)
          false},
         {"batch", ANV_CFG_INT, "2000", 1, 100000, "most units / results per redis call", &batch,
          false},
-        {"max-msg", ANV_CFG_INT, "67108864", 1024, 1073741824, "largest message in bytes",
-         &max_msg, false},
+        {"gen-backlog", ANV_CFG_INT, "64", 1, 1000000,
+         "samples a gen worker's engine may hold queued (without KV) before it gets more units",
+         &gen_backlog, false},
+        {"max-msg", ANV_CFG_INT, "67108864", 1024, 1073741824, "largest message in bytes", &max_msg,
+         false},
         {"metrics-endpoint", ANV_CFG_STR, "", 0, -1,
          "HOST:PORT for /metrics (Prometheus), /api/status and the status page; empty = off",
          &metrics_ep, false},
@@ -53,8 +55,7 @@ int main(int argc, char **argv)
          &curve_allow, false},
         {"insecure", ANV_CFG_BOOL, "false", 0, -1,
          "serve plaintext on a non-loopback endpoint when no keys are given", &insecure, false},
-        {"log-level", ANV_CFG_STR, "info", 0, -1, "error|warn|info|debug|trace", &log_level,
-         false},
+        {"log-level", ANV_CFG_STR, "info", 0, -1, "error|warn|info|debug|trace", &log_level, false},
         {"log-json", ANV_CFG_BOOL, "false", 0, -1, "JSON log lines", &log_json, false},
     };
     const size_t n_opts = sizeof opts / sizeof opts[0];
@@ -97,6 +98,7 @@ int main(int argc, char **argv)
         .heartbeat_misses = hb_misses,
         .strict = !strcmp(durability, "strict"),
         .batch = batch,
+        .gen_backlog = gen_backlog,
         .max_msg = max_msg,
         .metrics_endpoint = metrics_ep,
         .curve_secret = curve_secret,

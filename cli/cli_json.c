@@ -103,6 +103,7 @@ cJSON *cli_json_worker(const Anvil__WorkerInfo *w)
     S_NUM(o, "in_flight", w->has_in_flight, w->in_flight);
     S_NUM(o, "outstanding_tokens", w->has_outstanding_tokens, w->outstanding_tokens);
     S_NUM(o, "free_kv_tokens", w->has_free_kv_tokens, w->free_kv_tokens);
+    S_NUM(o, "queued_samples", w->has_queued_samples, w->queued_samples);
     S_NUM(o, "credit", w->has_credit, w->credit);
     S_NUM(o, "last_seen_s", w->has_last_seen_s, w->last_seen_s);
     return o;

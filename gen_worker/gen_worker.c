@@ -6,9 +6,11 @@
     to empty. The engine request id is the lease id, so cancel and finish map back directly.
 
     The loop: take every waiting broker message (blocking briefly only when the engine is idle),
-    run one engine step, send every finished sample, publish counters to the heartbeat. Engine
-    failures are not survivable in-process (device state unknown): every held lease is handed
-    back, retryable, and the loop returns an error so the supervisor restarts the worker.
+    run one engine step, send every finished sample, publish counters to the heartbeat (free KV
+    and the engine's queue, by which the broker paces its units; a heartbeat goes at once when
+    the queue runs empty, s_publish). Engine failures are not survivable in-process (device
+    state unknown): every held lease is handed back, retryable, and the loop returns an error
+    so the supervisor restarts the worker.
 */
 #include "gen_worker.h"
 
@@ -59,6 +61,7 @@ struct gen_worker_t {
     uint64_t pending_version;
     char *pending_dir;
     uint64_t tokens_generated;
+    bool refill; /* units arrived or samples queued since the queue was last seen empty */
     char worker_id[128];
 };
 
@@ -230,6 +233,7 @@ static void s_start_unit(gen_worker_t *w, Anvil__GenUnit *gu)
     }
     memset(u, 0, sizeof *u);
     u->used = true;
+    w->refill = true; /* ask for more once its samples are in (s_publish) */
     snprintf(u->lease_id, sizeof u->lease_id, "%s", gu->lease_id);
     u->job_id = strdup(gu->job_id);
     u->custom_id = gu->task && gu->task->custom_id ? strdup(gu->task->custom_id) : NULL;
@@ -462,16 +466,37 @@ static void s_handle(gen_worker_t *w, Anvil__Envelope *env)
     anv_msg_free(&env);
 }
 
-static void s_publish(gen_worker_t *w)
+/* Samples held without KV: the engine's queue, plus units parked during a weight update. */
+static uint32_t s_queued(gen_worker_t *w, eng_engine_stats_t *st)
+{
+    eng_engine_stats(w->eng, st);
+    return (uint32_t)st->queued + (uint32_t)w->n_backlog;
+}
+
+/* Sets the heartbeat's counters (force: the periodic update). When the engine's queue has
+   run empty since units arrived or samples queued, a heartbeat goes now, so that the broker
+   (which sends while the queue is short) refills it at once rather than a second later. */
+static void s_publish(gen_worker_t *w, bool force)
 {
     eng_engine_stats_t st;
-    eng_engine_stats(w->eng, &st);
+    uint32_t q = s_queued(w, &st);
+    if (q > 0)
+        w->refill = true;
+    bool emptied = q == 0 && w->refill;
+    if (!force && !emptied)
+        return;
+    if (emptied)
+        w->refill = false;
     broker_client_stats_t bs = {
         .tokens_generated = w->tokens_generated,
         .free_kv_tokens = (uint64_t)st.free_blocks * (uint64_t)st.block_size,
         .weight_version = eng_engine_weight_version(w->eng),
+        .has_queued = true,
+        .queued_samples = q,
     };
     broker_client_set_stats(w->bc, &bs);
+    if (emptied)
+        broker_client_heartbeat_now(w->bc);
 }
 
 /* Hands back every lease still held (retryable): engine failure or the end of a drain. */
@@ -551,8 +576,10 @@ int gen_worker_run(gen_worker_t *self)
                 s_handle(w, w->backlog[i]);
         }
         if (anv_now_ms() - last_publish >= 200) {
-            s_publish(w);
+            s_publish(w, true);
             last_publish = anv_now_ms();
+        } else {
+            s_publish(w, false);
         }
         /* a SIGTERM during this pass set draining after the deadline was due: the grace
            period starts at the top of the next pass, not here */
@@ -566,7 +593,7 @@ int gen_worker_run(gen_worker_t *self)
             }
         }
     }
-    s_publish(w);
+    s_publish(w, true);
     return rc;
 }
 

@@ -162,6 +162,8 @@ static void s_send_heartbeat(broker_client_t *c, s_conn_t *k)
         hb.has_free_kv_tokens = 1;
         hb.free_kv_tokens = st.free_kv_tokens;
     }
+    hb.has_queued_samples = st.has_queued;
+    hb.queued_samples = st.queued_samples;
     hb.has_weight_version = 1;
     hb.weight_version = st.weight_version ? st.weight_version : c->weight_version;
     env.body_case = ANVIL__ENVELOPE__BODY_HEARTBEAT;
@@ -716,6 +718,13 @@ void broker_client_set_stats(broker_client_t *self, const broker_client_stats_t 
 {
     pthread_mutex_lock(&self->lock);
     self->stats = *stats;
+    pthread_mutex_unlock(&self->lock);
+}
+
+void broker_client_heartbeat_now(broker_client_t *self)
+{
+    pthread_mutex_lock(&self->lock);
+    zmq_send(zsock_resolve(self->up_app), "h", 1, 0);
     pthread_mutex_unlock(&self->lock);
 }
 

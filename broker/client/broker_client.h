@@ -56,6 +56,8 @@ typedef struct {
     uint64_t evals_done;
     uint64_t free_kv_tokens;
     uint64_t weight_version;
+    bool has_queued;         /* gen: queued_samples is sent (its engine's queue) */
+    uint32_t queued_samples; /* gen: samples its engine holds without KV */
 } broker_client_stats_t;
 
 /* Copies cfg, loads the CURVE keys, starts the thread and connects. Returns NULL (logged) on a
@@ -94,6 +96,9 @@ void broker_client_drain(broker_client_t *self);
 int broker_client_add_credit(broker_client_t *self, uint32_t credits);
 /* Replaces the counters sent with each heartbeat. Thread-safe. */
 void broker_client_set_stats(broker_client_t *self, const broker_client_stats_t *stats);
+/* Sends a heartbeat (with the counters set last) now rather than at the next interval: a gen
+   worker whose engine's queue ran empty asks for more work so. Thread-safe. */
+void broker_client_heartbeat_now(broker_client_t *self);
 
 /* Leases currently held (received, not yet ended). Thread-safe. */
 size_t broker_client_held(broker_client_t *self);

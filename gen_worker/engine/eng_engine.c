@@ -1073,6 +1073,12 @@ void eng_engine_stats(const eng_engine_t *self, eng_engine_stats_t *st)
     st->bytes_per_block = eng_model_kv_bytes_per_token(self->model) * (size_t)st->block_size;
     st->running = self->running.n;
     st->waiting = self->waiting.n;
+    st->queued = self->waiting.n;
+    for (int i = 0; i < self->n_groups; i++) { /* a group's samples waiting for its prompt */
+        const s_group_t *g = self->groups[i];
+        for (int k = 0; !g->forked && k < g->n; k++)
+            st->queued += g->seqs[k]->state == S_FORK_WAIT;
+    }
     st->max_seqs = self->opts.max_seqs;
     st->peak_batch_seqs = self->peak_batch_seqs;
     st->preemptions = self->preemptions;

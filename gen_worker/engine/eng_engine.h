@@ -117,6 +117,8 @@ typedef struct {
     int total_blocks, free_blocks, peak_blocks;
     size_t bytes_per_block;
     int running, waiting; /* sequences */
+    int queued;           /* samples without KV: waiting (new or preempted) and those of a
+                             group whose prompt is still to be prefilled */
     int max_seqs;         /* running sequences at most */
     int peak_batch_seqs;  /* sequences in one step at most */
     long long preemptions;

@@ -1,5 +1,6 @@
 /*  test_broker_units.c - cmocka tests of the broker's pure modules: weighted fair share
-    (broker_sched.c), lease ids, the latency histogram, worker/job matching.
+    (broker_sched.c), lease ids, the latency histogram, worker/job matching, a gen worker's
+    credit (broker_worker_credit: the engine's queue, units in transit, the free-KV estimate).
 
     The scheduler tests drive broker_sched_pick/charge the way a dispatch round does (pick,
     charge, take one ready unit) on a broker_t that holds only a job table, and check the
@@ -293,6 +294,59 @@ static uint8_t *s_pack_task(size_t *len, bool with_sampling)
     return b;
 }
 
+/* broker_worker_credit for gen workers: one unit before any heartbeat says how full the KV
+   is; with the engine's queue reported, units while queued + in-transit samples are below
+   the backlog (rounded up to whole units of the last size sent); a listed lease leaves the
+   transit count; without the queue, the free-KV estimate */
+static void test_gen_credit(void **state)
+{
+    (void)state;
+    broker_worker_t w = {0};
+    w.kind = ANVIL__WORKER_KIND__WORKER_GEN;
+    w.slots = 64;
+    w.kv_tokens = 100000;
+    w.last_seen_ms = 1;
+    w.backlog = 16;
+    assert_int_equal(broker_worker_credit(&w), 1); /* no heartbeat yet: one unit */
+    broker_lease_t l1 = {.kind = 'g', .remaining = 8, .tokens_per_sample = 1000};
+    broker_lease_attach(&l1, &w);
+    assert_int_equal(broker_worker_credit(&w), 0); /* ... and no more */
+    w.hb_has_queued = true;
+    w.hb_queued = 0;
+    assert_int_equal(w.transit_samples, 8);
+    assert_int_equal(w.unit_samples, 8);
+    assert_int_equal(broker_worker_credit(&w), 1); /* (16 - 8) / 8 */
+    broker_lease_listed(&l1);                      /* its heartbeat listed it */
+    assert_int_equal(w.transit_samples, 0);
+    assert_int_equal(broker_worker_credit(&w), 2); /* queue empty: 16 / 8 */
+    w.hb_queued = 5;
+    assert_int_equal(broker_worker_credit(&w), 2); /* ceil(11 / 8) */
+    w.hb_queued = 16;
+    assert_int_equal(broker_worker_credit(&w), 0); /* the engine has its backlog */
+    w.hb_queued = 0;
+    w.slots = 2;
+    assert_int_equal(broker_worker_credit(&w), 1); /* slots still bound it */
+    w.slots = 64;
+    broker_lease_t l2 = {.kind = 'g', .remaining = 3, .tokens_per_sample = 1000};
+    broker_lease_attach(&l2, &w);
+    assert_int_equal(w.transit_samples, 3);
+    broker_lease_detach(&l2); /* ended before any heartbeat listed it */
+    assert_int_equal(w.transit_samples, 0);
+    w.draining = true;
+    assert_int_equal(broker_worker_credit(&w), 0);
+    w.draining = false;
+    /* a worker that reports free KV but not its queue: the upper-bound estimate */
+    w.hb_has_queued = false;
+    w.hb_has_free_kv = true;
+    w.hb_free_kv = 8000 + 2 * 8000; /* what l1 may still take, plus two more such units */
+    assert_int_equal(broker_worker_credit(&w), 2);
+    w.hb_free_kv = 7000;
+    assert_int_equal(broker_worker_credit(&w), 0);
+    broker_lease_detach(&l1);
+    assert_int_equal(w.in_flight, 0);
+    assert_int_equal(w.outstanding_tokens, 0);
+}
+
 static void test_wire_gen_unit_matches_protobuf_c(void **state)
 {
     (void)state;
@@ -437,6 +491,7 @@ int main(void)
         cmocka_unit_test(test_lease_parse),
         cmocka_unit_test(test_hist_quantiles),
         cmocka_unit_test(test_worker_fits),
+        cmocka_unit_test(test_gen_credit),
         cmocka_unit_test(test_wire_gen_unit_matches_protobuf_c),
         cmocka_unit_test(test_wire_has_field),
     };

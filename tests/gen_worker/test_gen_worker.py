@@ -13,6 +13,7 @@ import os
 import signal
 import time
 
+import anvil_cluster
 import pytest
 
 
@@ -100,38 +101,46 @@ def _wait_free_kv(cluster, worker_id, timeout=10):
     raise AssertionError("no heartbeat with free_kv_tokens from %s" % worker_id)
 
 
-def test_credit_follows_free_kv(cluster, tiny_model, tmp_path):
-    """8 slots but a 1 MiB KV cache (128 blocks of 16 tokens: 2048 tokens): each unit may
-    generate 4 x 400 tokens, so the broker holds the others in the queue and the worker has
-    one at a time (two for a moment while a unit's last results are in transit: the samples
-    that ended free their share); the same job on a worker with the default cache gets
-    several at once, so it is the KV that limited the first. Greedy, so that the samples of
-    a unit end together."""
-    prompts = write_prompts(str(tmp_path / "p.jsonl"), 6)
-    args = ("--samples", "4", "--max-tokens", "400", "--no-score", "--temperature", "0")
-    cluster.start_gen_worker("small", tiny_model, "--threads", "1", "--slots", "8",
-                             "--kv-mb", "1")
-    cluster.wait_workers(1, "gen")
-    w = _wait_free_kv(cluster, "small")
-    assert 0 < w["free_kv_tokens"] <= 2048, w
-    assert w["credit"] == 1, w  # nothing held: one unit until a unit's size is known
-    job = cluster.submit(prompts, *args)
-    small = _max_in_flight_during(cluster, job, "small")
-    print("max in flight: small kv", small)
-    assert 1 <= small <= 2, small
-    res = cluster.results(job)
-    check_exactly_once(res, 6, 4)
-    cluster.stop("small")
+def test_credit_follows_the_engine_queue(tmp_path, tiny_model):
+    """The broker sends a gen worker units while its engine's queue (samples without KV, in
+    its heartbeats) is shorter than --gen-backlog: with a 1 MiB KV cache (2048 tokens) and
+    prompts of ~300 tokens, a few units fit; the rest wait in the broker's queue, not
+    in the worker (once the engine's queue holds samples it cannot admit the worker gets
+    nothing). The same job on a worker with the default cache takes the units as they come
+    (its engine admits each at once, the queue runs empty, the worker asks for more)."""
+    c = anvil_cluster.Cluster(str(tmp_path / "c"), broker_args=["--gen-backlog", "4"])
+    try:
+        c.start_redis()
+        c.start_broker()
+        prompts = str(tmp_path / "p.jsonl")
+        body = " ".join("w%d" % k for k in range(150))
+        write_prompts(prompts, 12, prefix="def kernel_%d(x): " + body)
+        args = ("--samples", "2", "--max-tokens", "64", "--no-score", "--temperature", "0")
+        c.start_gen_worker("small", tiny_model, "--threads", "1", "--slots", "16",
+                           "--kv-mb", "1")
+        c.wait_workers(1, "gen")
+        w = _wait_free_kv(c, "small")
+        assert 0 < w["free_kv_tokens"] <= 2048, w
+        assert w["queued_samples"] == 0, w
+        assert w["credit"] == 1, w  # nothing held: one unit until a unit's size is known
+        job = c.submit(prompts, *args)
+        small = _max_in_flight_during(c, job, "small")
+        print("max in flight: small kv", small)
+        assert 2 <= small <= 8, small
+        check_exactly_once(c.results(job), 12, 2)
+        c.stop("small")
 
-    cluster.start_gen_worker("big", tiny_model, "--threads", "1", "--slots", "8")
-    cluster.wait_workers(1, "gen")
-    w = _wait_free_kv(cluster, "big")
-    assert w["free_kv_tokens"] > 100000, w
-    job2 = cluster.submit(prompts, *args)
-    big = _max_in_flight_during(cluster, job2, "big")
-    print("max in flight: default kv", big)
-    assert big >= 4, big
-    check_exactly_once(cluster.results(job2), 6, 4)
+        c.start_gen_worker("big", tiny_model, "--threads", "1", "--slots", "16")
+        c.wait_workers(1, "gen")
+        w = _wait_free_kv(c, "big")
+        assert w["free_kv_tokens"] > 100000, w
+        job2 = c.submit(prompts, *args)
+        big = _max_in_flight_during(c, job2, "big")
+        print("max in flight: default kv", big)
+        assert big >= 9, big
+        check_exactly_once(c.results(job2), 12, 2)
+    finally:
+        c.close()
 
 
 def test_chat_messages_and_too_long_prompt(cluster, tiny_model, tmp_path):
