@@ -205,8 +205,9 @@ int broker_sched_load(broker_t *b, const char *only);
 void broker_workers_on_message(broker_t *b, zframe_t *identity, Anvil__Envelope *env);
 void broker_workers_tick(broker_t *b, int64_t now_ms);
 void broker_worker_destroy(broker_worker_t **self_p);
-/* Units the worker may be sent now: its slots less those in flight, and for a gen worker that
-   reports its free KV tokens, no more than that KV holds (see broker_workers.c). */
+/* Units the worker may be sent now: its slots less those in flight, and for a gen worker no
+   more than its engine's queue leaves room for (--gen-backlog), or, from a worker that reports
+   only its free KV tokens, no more than that KV holds (see broker_workers.c). */
 uint32_t broker_worker_credit(const broker_worker_t *w);
 /* queued samples a gen worker may hold when the config says 0 (--gen-backlog) */
 #define BROKER_GEN_BACKLOG 64

@@ -394,7 +394,7 @@ static void s_on_ready(broker_t *b, zframe_t *identity, const char *key, Anvil__
             if (broker_kind_capability(k) && !strcmp(r->capabilities[i], broker_kind_capability(k)))
                 w->kinds |= 1u << k;
     w->slots = r->has_slots ? r->slots : 1;
-    w->backlog = b->cfg.gen_backlog > 0 ? (uint32_t)b->cfg.gen_backlog : BROKER_GEN_BACKLOG;
+    w->backlog = (uint32_t)b->cfg.gen_backlog; /* 0 (unset): BROKER_GEN_BACKLOG */
     if (w->slots > 100000)
         w->slots = 100000;
     w->last_seen_ms = anv_now_ms();

@@ -466,20 +466,15 @@ static void s_handle(gen_worker_t *w, Anvil__Envelope *env)
     anv_msg_free(&env);
 }
 
-/* Samples held without KV: the engine's queue, plus units parked during a weight update. */
-static uint32_t s_queued(gen_worker_t *w, eng_engine_stats_t *st)
-{
-    eng_engine_stats(w->eng, st);
-    return (uint32_t)st->queued + (uint32_t)w->n_backlog;
-}
-
 /* Sets the heartbeat's counters (force: the periodic update). When the engine's queue has
    run empty since units arrived or samples queued, a heartbeat goes now, so that the broker
    (which sends while the queue is short) refills it at once rather than a second later. */
 static void s_publish(gen_worker_t *w, bool force)
 {
     eng_engine_stats_t st;
-    uint32_t q = s_queued(w, &st);
+    eng_engine_stats(w->eng, &st);
+    /* samples held without KV: the engine's queue, plus units parked during a weight update */
+    uint32_t q = (uint32_t)st.queued + (uint32_t)w->n_backlog;
     if (q > 0)
         w->refill = true;
     bool emptied = q == 0 && w->refill;

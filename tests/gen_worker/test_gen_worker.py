@@ -228,16 +228,13 @@ def test_worker_stop_loses_nothing(cluster, tiny_model, tmp_path, sig):
     check_exactly_once(cluster.results(job), 40, 3)
 
 
-def test_gpu_worker_bench_dry(tmp_path):
-    """gpu_worker_bench.py (issue 8's worker-vs-engine-vs-bench figures on the GPU machine)
-    runs its whole plan here with --dry on the CPU backend: the worker run through the real
-    cluster and CLI, anvil-generate and anvil-bench-engine each generate exactly prompts x n
-    x new tokens, and the ratio line is computed. Its figures mean nothing here."""
+def _worker_bench_dry(tmp_path, *args):
+    """Runs gpu_worker_bench.py --dry (6 prompts x 3 samples, 64-token prompts) on a folder of
+    links to this build's binaries and redis-server; returns its result lines by run name and
+    its --out folder. Skips when a binary is missing."""
     import shutil
     import subprocess
     import sys
-
-    import anvil_cluster
 
     bins = tmp_path / "bin"
     bins.mkdir()
@@ -257,13 +254,22 @@ def test_gpu_worker_bench_dry(tmp_path):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_worker_bench.py")
     p = subprocess.run([sys.executable, script, "--bin", str(bins), "--out", str(out),
                         "--write", str(tmp_path / "model"), "--dry", "--prompts", "6", "--n",
-                        "3", "--prompt-tokens", "64", "--new", "10",
-                        "--worker", "", "--worker", "--slots 2 --max-seqs 4",
-                        "--engine", "", "--engine", "--max-seqs 2"],
+                        "3", "--prompt-tokens", "64", *args],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     lines = {d["run"]: d for d in (json.loads(l) for l in p.stdout.splitlines()
                                    if l.startswith("{"))}
+    return lines, out
+
+
+def test_gpu_worker_bench_dry(tmp_path):
+    """gpu_worker_bench.py (issue 8's worker-vs-engine-vs-bench figures on the GPU machine)
+    runs its whole plan here with --dry on the CPU backend: the worker run through the real
+    cluster and CLI, anvil-generate and anvil-bench-engine each generate exactly prompts x n
+    x new tokens, and the ratio line is computed. Its figures mean nothing here."""
+    lines, _ = _worker_bench_dry(tmp_path, "--new", "10",
+                                 "--worker", "", "--worker", "--slots 2 --max-seqs 4",
+                                 "--engine", "", "--engine", "--max-seqs 2")
     runs = ("worker", "worker --slots 2 --max-seqs 4", "engine", "engine --max-seqs 2", "bench")
     for run in runs:
         assert lines[run]["ok"] and lines[run]["generated"] == 6 * 3 * 10, lines[run]
@@ -282,35 +288,7 @@ def test_gpu_worker_bench_dry_stop_ids(tmp_path):
     reach the worker (as the job's stop_token_ids) and anvil-generate (--stop-ids), so both
     end samples early with finish eos; every engine sample that ended so ends on one of the
     ids, and no sample holds one before its end. The bench draws lengths from [1, --new]."""
-    import shutil
-    import subprocess
-    import sys
-
-    import anvil_cluster
-
-    bins = tmp_path / "bin"
-    bins.mkdir()
-    rels = dict(anvil_cluster.BINARIES, **{
-        "anvil-bench-engine": "gen_worker/engine/cuda/bench/anvil-bench-engine"})
-    for name in ("anvil", "anvil-broker", "anvil-gen-worker", "anvil-generate",
-                 "anvil-bench-engine"):
-        path = os.path.join(anvil_cluster.BUILD, rels[name])
-        if not os.access(path, os.X_OK):
-            pytest.skip("%s is not built" % name)
-        os.symlink(path, bins / name)
-    redis = shutil.which("redis-server")
-    if not redis:
-        pytest.skip("no redis-server")
-    os.symlink(redis, bins / "redis-server")
-    out = tmp_path / "out"
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_worker_bench.py")
-    p = subprocess.run([sys.executable, script, "--bin", str(bins), "--out", str(out),
-                        "--write", str(tmp_path / "model"), "--dry", "--prompts", "6", "--n",
-                        "3", "--prompt-tokens", "64", "--new", "40", "--stop-ids", "64"],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    lines = {d["run"]: d for d in (json.loads(l) for l in p.stdout.splitlines()
-                                   if l.startswith("{"))}
+    lines, out = _worker_bench_dry(tmp_path, "--new", "40", "--stop-ids", "64")
     assert "up to 40 (64 stop ids)" in (out / "session.log").read_text()
     vocab = json.load(open(tmp_path / "model" / "config.json"))["vocab_size"]
     stops = {(i * vocab) // 64 + vocab // 128 for i in range(64)}
