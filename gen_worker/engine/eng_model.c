@@ -755,7 +755,8 @@ void eng_model_set_graphs(eng_model_t *self, int on)
 /* The step through be->linear: the residual stream x is updated in place by the O and
    down projections (ENG_LIN_ADD) and each norm is folded into the matmul that reads it, so a
    layer is six kernels at small batch (QKV + rope + KV store, attention and its combine,
-   O + add, gate|up + SwiGLU, down + add). */
+   O + add, gate|up + SwiGLU, down + add), and a backend with the prefetch hint may move O's
+   weights into its cache while the attention runs. */
 static int s_ops_linear(eng_model_t *self, const eng_forward_t *b)
 {
     const eng_model_config_t *c = &self->cfg;
