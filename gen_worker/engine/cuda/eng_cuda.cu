@@ -580,9 +580,9 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            2 to 8 gain 6.7 to 7.5 %, batch 16 on it loses 3.6 %; eng_cuda_skinny_rows; A/B) */
         s_rows_env(&st->skinny_max, "ANVIL_CUDA_SKINNY_MAX", ECU_SKINNY_DEFAULT, ECU_SKINNY_MAX);
         /* ANVIL_CUDA_PREFETCH_ROWS=R: steps of up to R rows (0 to 256) prefetch the O
-           product's weights into L2 during the attention (ecu_prefetch, matmul.cu); 8 by
-           default, 0 is the A/B */
-        s_rows_env(&st->prefetch_rows, "ANVIL_CUDA_PREFETCH_ROWS", 8, 256);
+           product's weights into L2 during the attention (ecu_prefetch, matmul.cu); 0 (off)
+           by default until its A/B (gpu_session's bench_prefetch) has run on a GPU */
+        s_rows_env(&st->prefetch_rows, "ANVIL_CUDA_PREFETCH_ROWS", 0, 256);
         st->l2_bytes = prop.l2CacheSize > 0 ? (size_t)prop.l2CacheSize : 0;
         /* a persistent GEMV grid of as many blocks as make its rounds of row groups whole
            (matmul.cu; on the H100 +0.9 to +1.3 % at batch 1); ANVIL_CUDA_GEMV_BALANCE=0 fills

@@ -991,7 +991,11 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
    (0.79 on the H100). A grid of one warp a block waits for the kernel before it (the QKV
    product, whose stream would evict the lines), lets the attention launch, and asks L2 for O's
    weights in 16-byte-aligned slices, one bulk prefetch (cp.async.bulk.prefetch.L2, sm_90) a
-   lane; nothing waits for them: O's GEMV then finds the lines in L2 or on their way. */
+   lane; nothing waits for them: O's GEMV then finds the lines in L2 or on their way.
+   Off by default (st->prefetch_rows 0): not yet measured. The one GPU A/B tried (H100,
+   2026-12-07) ran anvil-bench-engine before its model made the call, so it compared the
+   default with itself (batch 1 172.4 / 172.2 against 171.9 / 172.4 tok/s); gpu_session's
+   bench_prefetch step is the A/B to run (ANVIL_CUDA_PREFETCH_ROWS=8 against 0). */
 __global__ void s_l2_prefetch(const char *p, size_t bytes, size_t slice)
 {
     ecu_pdl_trigger();
