@@ -755,7 +755,8 @@ void eng_model_set_graphs(eng_model_t *self, int on)
 /* The step through be->linear: the residual stream x is updated in place by the O and
    down projections (ENG_LIN_ADD) and each norm is folded into the matmul that reads it, so a
    layer is six kernels at small batch (QKV + rope + KV store, attention and its combine,
-   O + add, gate|up + SwiGLU, down + add). */
+   O + add, gate|up + SwiGLU, down + add), and a backend with the prefetch hint may move O's
+   weights into its cache while the attention runs. */
 static int s_ops_linear(eng_model_t *self, const eng_forward_t *b)
 {
     const eng_model_config_t *c = &self->cfg;
@@ -775,6 +776,8 @@ static int s_ops_linear(eng_model_t *self, const eng_forward_t *b)
         qkv.head_dim = c->head_dim, qkv.theta = c->rope_theta;
         S_TRY(be->linear(be, self->q, self->x, L->wqkv.p, L->bqkv.p, L->wqkv.dt, n, H,
                          Q + 2 * KV, &qkv));
+        if (be->prefetch) /* O's weights into the cache while the attention reads little */
+            S_TRY(be->prefetch(be, L->wo.p, (size_t)Q * H * eng_dtype_size(L->wo.dt), n));
         S_TRY(be->attention(be, self->att, self->q, self->k_pool[l], self->v_pool[l], &b->attn,
                             c->n_heads, c->n_kv_heads, c->head_dim, self->block_size));
         eng_linear_t add = f;

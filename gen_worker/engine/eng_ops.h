@@ -270,8 +270,8 @@ struct eng_backend {
 
     /* --- extensions (NULL when a backend lacks them). Both backends have sample,
        rope_kv_store and swiglu_fused, which the engine's model requires, and linear, which
-       it uses when present; graphs, prepare and mem_info are the CUDA backend's, used when
-       present. ------------------------------------------------------------------------- */
+       it uses when present; graphs, prepare, mem_info and prefetch are the CUDA backend's,
+       used when present. ---------------------------------------------------------------- */
 
     /* Free and total bytes of backend memory now, to size the KV pools after the weights. */
     int (*mem_info)(eng_backend_t *be, size_t *free_bytes, size_t *total_bytes);
@@ -316,6 +316,12 @@ struct eng_backend {
     int (*linear)(eng_backend_t *be, float *out, const float *x, const void *w,
                   const void *bias, eng_dtype_t dtype, int n, int in_dim, int out_dim,
                   const eng_linear_t *f);
+
+    /* A hint that the `bytes` at ptr (backend memory, usually the next product's weights)
+       will be read by the op after the next one, in a step of n_tok rows: a device backend may
+       start moving them into its cache while the next op (the attention, which at small batch
+       reads little memory) runs. Changes no value; NULL or a no-op where it does not pay. */
+    int (*prefetch)(eng_backend_t *be, const void *ptr, size_t bytes, int n_tok);
 
     /* Runs one all-decode step as a replayed device graph (CUDA graphs). `step` holds the
        step's host arrays as for prepare (every sequence exactly one query token, n_tok ==

@@ -579,6 +579,11 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
            skinny.cu's tensor-core stream instead of cuBLASLt; 8 by default (on the H100 batch
            2 to 8 gain 6.7 to 7.5 %, batch 16 on it loses 3.6 %; eng_cuda_skinny_rows; A/B) */
         s_rows_env(&st->skinny_max, "ANVIL_CUDA_SKINNY_MAX", ECU_SKINNY_DEFAULT, ECU_SKINNY_MAX);
+        /* ANVIL_CUDA_PREFETCH_ROWS=R: steps of up to R rows (0 to 256) prefetch the O
+           product's weights into L2 during the attention (ecu_prefetch, matmul.cu); 0 (off)
+           by default until its A/B (gpu_session's bench_prefetch) has run on a GPU */
+        s_rows_env(&st->prefetch_rows, "ANVIL_CUDA_PREFETCH_ROWS", 0, 256);
+        st->l2_bytes = prop.l2CacheSize > 0 ? (size_t)prop.l2CacheSize : 0;
         /* a persistent GEMV grid of as many blocks as make its rounds of row groups whole
            (matmul.cu; on the H100 +0.9 to +1.3 % at batch 1); ANVIL_CUDA_GEMV_BALANCE=0 fills
            every resident slot instead (A/B) */
@@ -697,17 +702,19 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
     be->rope_kv_store = ecu_rope_kv_store;
     be->swiglu_fused = ecu_swiglu_fused;
     be->linear = ecu_linear;
+    be->prefetch = ecu_prefetch;
     be->sample = ecu_sample;
     ANV_INFO(
         "cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
-        "%s%s%s, tensor-core skinny products up to %d rows, rounded twins %s%s, gate|up product "
-        "in %s, %s norms, %s rope store, decode attention %s%s%s%s, %s partials%s%s%s%s, "
+        "%s%s%s, tensor-core skinny products up to %d rows, L2 prefetch of O up to %d rows, "
+        "rounded twins %s%s, gate|up product in %s, %s norms, %s rope store, decode attention "
+        "%s%s%s%s, %s partials%s%s%s%s, "
         "sampler %s%s",
         prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
         st->pdl ? "on" : "off", st->gemv_max,
         st->gemv_persist ? "persistent (staged norm)" : "a block a group",
         st->gemv_rope ? "" : ", rope apart", st->gemv_balance ? ", whole rounds" : ", every slot",
-        st->skinny_max, st->twin_on ? "on" : "off",
+        st->skinny_max, st->prefetch_rows, st->twin_on ? "on" : "off",
         st->twin_on && st->twin_only ? " (SwiGLU's alone)" : "",
         st->gu_low ? "the weights' dtype" : "fp32", st->norm_vec ? "16-byte" : "scalar",
         st->rope_vec ? "vector" : "scalar",

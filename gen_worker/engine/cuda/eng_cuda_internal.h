@@ -156,6 +156,8 @@ typedef struct {
     int gemv_max;               /* rows up to which matmuls take the GEMV (matmul.cu; <= 8) */
     int gemv_balance;           /* persistent GEMV grids sized for whole rounds (default; A/B) */
     int skinny_max;             /* rows up to which skinny.cu replaces cuBLASLt (8; <= 16) */
+    int prefetch_rows;          /* steps of up to this many rows take prefetch hints (matmul.cu) */
+    size_t l2_bytes;            /* the device's L2, which a prefetch hint fills at most 3/4 of */
     int attn_mma;               /* tensor-core decode attention (attention.cu) */
     int attn_pf_mma;            /* tensor-core prefill attention (attention.cu) */
     int attn_pf_lpt;            /* ... its tiles longest first, KV heads inner (default; A/B) */
@@ -408,6 +410,7 @@ int ecu_matmul(eng_backend_t *be, float *out, const float *x, const void *w, con
                eng_dtype_t dtype, int n, int in_dim, int out_dim);
 int ecu_linear(eng_backend_t *be, float *out, const float *x, const void *w, const void *bias,
                eng_dtype_t dtype, int n, int in_dim, int out_dim, const eng_linear_t *f);
+int ecu_prefetch(eng_backend_t *be, const void *ptr, size_t bytes, int n_tok);
 int ecu_rope(eng_backend_t *be, float *q, float *k, const int32_t *pos, int n_tok, int n_head,
              int n_kv_head, int head_dim, float theta);
 int ecu_kv_store(eng_backend_t *be, void *k_cache, void *v_cache, const float *k, const float *v,

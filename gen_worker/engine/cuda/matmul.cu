@@ -984,3 +984,53 @@ extern "C" int ecu_linear(eng_backend_t *be, float *out, const float *x, const v
     }
     return s_linear_composed(be, out, x, w, bias, dtype, n, in_dim, out_dim, f, twin);
 }
+
+/* The prefetch hint (eng_ops.h): at small batch the attention between the QKV and O products
+   reads a few MB of K / V and leaves the memory idle for its and its combine's ~12 us a layer
+   (H200, batch 1), while O (4096 x 4096 bf16, 33.5 MB) then streams at 0.66 of the copy
+   (0.79 on the H100). A grid of one warp a block waits for the kernel before it (the QKV
+   product, whose stream would evict the lines), lets the attention launch, and asks L2 for O's
+   weights in 16-byte-aligned slices, one bulk prefetch (cp.async.bulk.prefetch.L2, sm_90) a
+   lane; nothing waits for them: O's GEMV then finds the lines in L2 or on their way.
+   Off by default (st->prefetch_rows 0): not yet measured. The one GPU A/B tried (H100,
+   2026-12-07) ran anvil-bench-engine before its model made the call, so it compared the
+   default with itself (batch 1 172.4 / 172.2 against 171.9 / 172.4 tok/s); gpu_session's
+   bench_prefetch step is the A/B to run (ANVIL_CUDA_PREFETCH_ROWS=8 against 0). */
+__global__ void s_l2_prefetch(const char *p, size_t bytes, size_t slice)
+{
+    ecu_pdl_trigger();
+    ecu_pdl_wait();
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * slice;
+    if (i >= bytes)
+        return;
+    const size_t n = bytes - i < slice ? bytes - i : slice;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + i), "r"((unsigned)n)
+                 : "memory");
+#else
+    for (size_t o = 0; o < n; o += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i + o));
+#endif
+}
+
+extern "C" int ecu_prefetch(eng_backend_t *be, const void *ptr, size_t bytes, int n_tok)
+{
+    ecu_state_t *st = ecu_st(be);
+    if (n_tok > st->prefetch_rows || !ptr)
+        return 0;
+    /* 16-byte-aligned whole slices, at most 3/4 of L2 (the rest for K / V and activations) */
+    const uintptr_t a = ((uintptr_t)ptr + 15) & ~(uintptr_t)15;
+    bytes = bytes > a - (uintptr_t)ptr ? bytes - (a - (uintptr_t)ptr) : 0;
+    if (bytes > st->l2_bytes / 4 * 3)
+        bytes = st->l2_bytes / 4 * 3;
+    bytes &= ~(size_t)15;
+    if (bytes < 4096)
+        return 0;
+    const size_t want = (bytes + (256 << 10) - 1) >> 18; /* a block for each 256 KB */
+    const int blocks = want < (size_t)st->n_sm ? (int)want : st->n_sm;
+    size_t slice = (bytes + (size_t)blocks * 32 - 1) / ((size_t)blocks * 32);
+    slice = (slice + 15) & ~(size_t)15;
+    ECU_CHECK(ecu_launch(st, s_l2_prefetch, dim3(blocks), dim3(32), 0, (const char *)a, bytes,
+                         slice));
+    return 0;
+}

@@ -365,6 +365,8 @@ static int s_ops_linear(eng_bm_t *m, const eng_attn_batch_t *batch, const int32_
         qkv.v_cache = L->v_cache, qkv.pos = pos, qkv.slots = slots, qkv.n_head = c->n_head;
         qkv.n_kv_head = c->n_kv_head, qkv.head_dim = c->head_dim, qkv.theta = c->rope_theta;
         S_TRY(be->linear(be, m->q, m->x, L->wqkv, NULL, wt, n, H, qd + 2 * kd, &qkv));
+        if (be->prefetch) /* as eng_model.c: O's weights into the cache during the attention */
+            S_TRY(be->prefetch(be, L->wo, (size_t)qd * H * eng_dtype_size(wt), n));
         S_TRY(be->attention(be, m->att, m->q, L->k_cache, L->v_cache, batch, c->n_head,
                             c->n_kv_head, c->head_dim, c->block_size));
         add.epi = ENG_LIN_ADD;

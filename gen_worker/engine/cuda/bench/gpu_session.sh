@@ -99,6 +99,9 @@
 #   bench_group  the GRPO workload (64 prompts x 8 samples, 1k prompts, 128 to 640 new, graphs)
 #                with the group tiles (the default) and without (ANVIL_CUDA_ATTN_GROUP=0), on,
 #                off, on: tok/s and the tokens' hash (the same bits: the same hash)
+#   bench_prefetch decode at batch 1, 4, 8, 16 with the O product's weights prefetched into L2
+#                during the attention (ANVIL_CUDA_PREFETCH_ROWS=8) and without (0, the default),
+#                on, off, on, off: the A/B that decides its default
 #   kernels_group ncu: the decode attention of a GRPO step (16 prompts x 8 samples at a 1k
 #                prompt, 4 layers) with the group tiles and without: time, DRAM and L2 bytes
 #   sass_group   ncu --set full on one group-kernel launch at batch 512 (64 prompts x 8 samples,
@@ -337,9 +340,11 @@ b1 ANVIL_CUDA_GEMV_BALANCE=0
 b1 ANVIL_CUDA_GEMV_MAX=0
 b1 ANVIL_CUDA_ATTN_KV_INNER=1
 b1 ANVIL_CUDA_ATTN_VLATE=0
+b1 ANVIL_CUDA_PREFETCH_ROWS=8
 b1 -
 b4 -
 b4 ANVIL_CUDA_GEMV_MAX=8
+b4 ANVIL_CUDA_PREFETCH_ROWS=8
 b4 ANVIL_CUDA_TWIN=0
 b4 ANVIL_CUDA_NORM_VEC=0
 b4 -
@@ -500,6 +505,15 @@ step bench_prefill 180 bash -c 'b=$0; o="ANVIL_CUDA_ATTN_PF_LPT=0 ANVIL_CUDA_ATT
         echo "== ${v/X=1/default}"
         env $v "$b" "$@" --ctx-batch 0 --grpo-prompts 0 || exit 1
     done' "$BENCH" "${PF_ARGS[@]}"
+if [ $DRY = 1 ]; then
+    PFX_ARGS=(--backend cpu --shape tiny --threads 4 --batches 1,4 --prompt 16 --new 8)
+else
+    PFX_ARGS=(--cuda-graphs --batches 1,4,8,16 --prompt 512 --new 128)
+fi
+step bench_prefetch 150 bash -c 'b=$0; for v in 8 0 8 0; do
+        echo "== ANVIL_CUDA_PREFETCH_ROWS=$v"
+        ANVIL_CUDA_PREFETCH_ROWS=$v "$b" "$@" --ctx-batch 0 --grpo-prompts 0 || exit 1
+    done' "$BENCH" "${PFX_ARGS[@]}"
 step bench_part 300 bash -c 'b=$0; for v in f32 f16 f32 f16 bf16; do
         echo "== ANVIL_CUDA_ATTN_PART=$v"
         ANVIL_CUDA_ATTN_PART=$v "$b" "$@" --batches none --ctx-batch 0 || exit 1
