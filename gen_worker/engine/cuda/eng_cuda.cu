@@ -708,8 +708,7 @@ extern "C" eng_backend_t *eng_cuda_backend_new_kv(eng_dtype_t kv_dtype)
         "cuda backend: %s, %d SMs, %.1f GiB, kv %s, pdl %s, gemv up to %d rows, grid "
         "%s%s%s, tensor-core skinny products up to %d rows, L2 prefetch of O up to %d rows, "
         "rounded twins %s%s, gate|up product in %s, %s norms, %s rope store, decode attention "
-        "%s%s%s%s, %s partials%s%s%s%s, "
-        "sampler %s%s",
+        "%s%s%s%s, %s partials%s%s%s%s, sampler %s%s",
         prop.name, st->n_sm, prop.totalGlobalMem / 1073741824.0, ecu_dtype_name(kv_dtype),
         st->pdl ? "on" : "off", st->gemv_max,
         st->gemv_persist ? "persistent (staged norm)" : "a block a group",
